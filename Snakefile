@@ -1,0 +1,22 @@
+# LOPD benchmark suite: the table of contents.
+#   snakemake --cores all results/table1.csv [--config profile=smoke]
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+validate(config, "config/schema.yaml")
+
+
+include: "rules/common.smk"
+include: "rules/warmstart.smk"
+include: "rules/train.smk"
+include: "rules/table1.smk"
+
+
+rule all:
+    input:
+        "results/table1.csv",

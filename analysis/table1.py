@@ -1,0 +1,140 @@
+"""Table 1 from the runs: held-out reward per (domain, method), mean and 95 % CI over seeds.
+
+    python -m analysis.table1 --vanilla results/small/warmstart/*/seed*/eval.json \
+        --runs results/small/runs/*/*/seed*/summary.json \
+        --out-csv results/table1.csv --out-md results/table1.md --out-curves results/curves.csv
+
+"Vanilla" is the warm start's own held-out score (rollout budget 0).  The
+table refuses to mix runs of unequal rollout budgets or different task
+versions within a domain, and names the runs that disagree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections import defaultdict
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.stats import bootstrap_ci
+
+METRIC = "heldout_reward"
+COLUMNS = ["domain", "method", "metric", "mean", "ci_low", "ci_high", "n_seeds", "rollout_budget"]
+
+
+class MixedRunsError(ValueError):
+    pass
+
+
+def load_runs(vanilla: list[str], runs: list[str]) -> list[dict]:
+    rows = []
+    for p in vanilla:
+        e = json.loads(Path(p).read_text())
+        rows.append({"path": p, "domain": e["domain"], "method": "vanilla", "seed": e["seed"], "version": e["domain_version"], "budget": 0, "value": e[METRIC]})
+    for p in runs:
+        s = json.loads(Path(p).read_text())
+        rows.append({"path": p, "domain": s["domain"], "method": s["method"], "seed": s["seed"], "version": s["domain_version"], "budget": s["ledger"]["rollout_budget"], "value": s["final"][METRIC], "used": s["ledger"]["rollouts"]})
+    return rows
+
+
+def check_comparable(rows: list[dict]) -> None:
+    """One task version per domain, one rollout budget among the trained methods of a domain."""
+    by_domain = defaultdict(list)
+    for r in rows:
+        by_domain[r["domain"]].append(r)
+    for domain, rs in by_domain.items():
+        versions = defaultdict(list)
+        for r in rs:
+            versions[r["version"]].append(r["path"])
+        if len(versions) > 1:
+            detail = "; ".join(f"{v}: {', '.join(ps)}" for v, ps in versions.items())
+            raise MixedRunsError(f"domain {domain!r} mixes task versions: {detail}")
+        budgets = defaultdict(list)
+        for r in rs:
+            if r["method"] != "vanilla":
+                budgets[r["budget"]].append(r["path"])
+                if r.get("used") is not None and r["used"] != r["budget"]:
+                    raise MixedRunsError(f"run {r['path']} used {r['used']} rollouts of its budget {r['budget']} (unfinished?)")
+        if len(budgets) > 1:
+            detail = "; ".join(f"{b} rollouts: {', '.join(ps)}" for b, ps in budgets.items())
+            raise MixedRunsError(f"domain {domain!r} mixes rollout budgets: {detail}")
+
+
+def table(rows: list[dict]) -> pd.DataFrame:
+    check_comparable(rows)
+    groups = defaultdict(list)
+    for r in rows:
+        groups[(r["domain"], r["method"], r["budget"])].append(r)
+    out = []
+    for (domain, method, budget), rs in groups.items():
+        seeds = [r["seed"] for r in rs]
+        if len(set(seeds)) != len(seeds):
+            raise MixedRunsError(f"{domain}/{method}: seed listed twice: {[r['path'] for r in rs]}")
+        mean, lo, hi = bootstrap_ci([r["value"] for r in sorted(rs, key=lambda r: r["seed"])])
+        out.append({"domain": domain, "method": method, "metric": METRIC, "mean": mean, "ci_low": lo, "ci_high": hi, "n_seeds": len(rs), "rollout_budget": budget})
+    df = pd.DataFrame(out, columns=COLUMNS)
+    order = {"vanilla": 0}
+    df["_o"] = df["method"].map(lambda m: order.get(m, 1))
+    return df.sort_values(["domain", "_o", "method"]).drop(columns="_o").reset_index(drop=True)
+
+
+def curves(runs: list[str]) -> pd.DataFrame:
+    """Learning curves: held-out reward against student rollouts, mean and CI over seeds."""
+    pts = defaultdict(list)
+    for p in runs:
+        s = json.loads(Path(p).read_text())
+        for line in (Path(p).parent / "metrics.jsonl").read_text().splitlines():
+            rec = json.loads(line)
+            if rec["kind"] == "eval":
+                pts[(s["domain"], s["method"], rec["rollouts"])].append(rec[METRIC])
+    out = []
+    for (domain, method, rollouts), vals in sorted(pts.items()):
+        mean, lo, hi = bootstrap_ci(vals)
+        out.append({"domain": domain, "method": method, "rollouts": rollouts, "metric": METRIC, "mean": mean, "ci_low": lo, "ci_high": hi, "n_seeds": len(vals)})
+    return pd.DataFrame(out, columns=["domain", "method", "rollouts", "metric", "mean", "ci_low", "ci_high", "n_seeds"])
+
+
+def to_markdown(df: pd.DataFrame) -> str:
+    lines = [
+        "# Table 1: held-out reward (mean and 95 % bootstrap CI over seeds)",
+        "",
+        "| domain | method | held-out reward | 95 % CI | seeds | rollout budget |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in df.itertuples():
+        lines.append(f"| {r.domain} | {r.method} | {r.mean:.3f} | [{r.ci_low:.3f}, {r.ci_high:.3f}] | {r.n_seeds} | {r.rollout_budget} |")
+    return "\n".join(lines) + "\n"
+
+
+def _write(path: str, text: str) -> None:
+    tmp = f"{path}.tmp"
+    Path(tmp).parent.mkdir(parents=True, exist_ok=True)
+    Path(tmp).write_text(text)
+    os.replace(tmp, path)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m analysis.table1", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--vanilla", nargs="*", default=[], help="warm-start eval.json files")
+    p.add_argument("--runs", nargs="*", default=[], help="run summary.json files")
+    p.add_argument("--out-csv", required=True)
+    p.add_argument("--out-md", required=True)
+    p.add_argument("--out-curves", help="learning curves CSV (optional)")
+    a = p.parse_args(argv)
+    rows = load_runs(a.vanilla, a.runs)
+    if not rows:
+        p.error("no runs given")
+    df = table(rows)
+    _write(a.out_csv, df.to_csv(index=False))
+    _write(a.out_md, to_markdown(df))
+    if a.out_curves:
+        _write(a.out_curves, curves(a.runs).to_csv(index=False))
+    print(to_markdown(df))
+    print(f"wrote {a.out_csv}, {a.out_md}" + (f", {a.out_curves}" if a.out_curves else ""))
+
+
+if __name__ == "__main__":
+    main()

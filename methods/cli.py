@@ -1,0 +1,132 @@
+"""Job entry points called by the Snakemake rules (and usable by hand).
+
+    python -m methods.cli warmstart --job JSON --seed S --out DIR [--threads N]
+    python -m methods.cli train     --job JSON --seed S --warmstart DIR --out DIR [--threads N]
+
+``--job`` is the resolved job settings (see :func:`methods.core.config.resolve_job`)
+as a JSON string or ``@file.json``; the rules pass it so that every result
+records exactly what produced it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def _job(text: str) -> dict:
+    if text.startswith("@"):
+        text = Path(text[1:]).read_text()
+    return json.loads(text)
+
+
+def cmd_warmstart(args) -> None:
+    from methods.core.registry import make_config
+    from methods.core.loop import TrainConfig
+    from methods.core.policy import ModelConfig, load_policy, save_policy
+    from methods.core.provenance import provenance, write_json_atomic
+    from methods.core.warmstart import WarmStartConfig, warm_start
+    from methods.core.evaluate import evaluate
+    from methods.core.tokenizer import ChatEncoder
+    from tasks.base import get_domain
+
+    job = _job(args.job)
+    out = Path(args.out)
+    domain = get_domain(job["domain"], seed=job["task_seed"], **job["domain_options"])
+    model_cfg = make_config(ModelConfig, job["model"], "model")
+    ws_cfg = make_config(WarmStartConfig, job["warmstart"], "warmstart")
+    train_cfg = make_config(TrainConfig, job["train"], "train")
+    torch.manual_seed(args.seed)
+    if model_cfg.checkpoint:  # a real model: its own pretraining is the warm start
+        model, tokenizer = load_policy(model_cfg.checkpoint)
+        t0 = time.perf_counter()
+        report = evaluate(model, ChatEncoder(tokenizer), domain, domain.tasks("test", train_cfg.eval_episodes), train_cfg.sampling(eval=True), seed=args.seed)
+        report["wall_s"] = round(time.perf_counter() - t0, 2)
+    else:
+        model, tokenizer, report = warm_start(domain, model_cfg, ws_cfg, train_cfg.sampling(eval=True), train_cfg.eval_episodes, args.seed)
+    tmp = out / "model.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_policy(model, tokenizer, tmp)
+    shutil.rmtree(out / "model", ignore_errors=True)
+    tmp.rename(out / "model")
+    report.update({"domain": job["domain"], "domain_version": domain.version, "seed": args.seed, "job": job, **provenance()})
+    write_json_atomic(out / "eval.json", report)
+    domain.close()
+    print(f"[warmstart] {job['domain']} seed {args.seed}: heldout_reward {report['heldout_reward']:.3f}; wrote {out / 'model'} and {out / 'eval.json'}", file=sys.stderr)
+
+
+def cmd_train(args) -> None:
+    from methods.core.registry import make_config
+    from methods.core.ledger import Ledger
+    from methods.core.loop import RunContext, TrainConfig, train
+    from methods.core.policy import load_policy
+    from methods.core.provenance import provenance, write_json_atomic
+    from methods.core.registry import get_method
+    from methods.core.tokenizer import ChatEncoder
+    from tasks.base import get_domain
+
+    job = _job(args.job)
+    out = Path(args.out)
+    cls = get_method(job["method"])
+    method_cfg = make_config(cls.Config, job["method_config"], f"methods.{job['method']}")
+    train_cfg = make_config(TrainConfig, job["train"], "train")
+    domain = get_domain(job["domain"], seed=job["task_seed"], **job["domain_options"])
+    model, tokenizer = load_policy(Path(args.warmstart) / "model", device=args.device)
+    run = RunContext(
+        model=model,
+        tokenizer=tokenizer,
+        encoder=ChatEncoder(tokenizer),
+        domain=domain,
+        train_cfg=train_cfg,
+        ledger=Ledger(train_cfg.rollout_budget),
+        seed=args.seed,
+        device=torch.device(args.device),
+        warmstart_path=Path(args.warmstart),
+        out_dir=out,
+    )
+    method = cls(method_cfg, run)
+    label = f"{job['method']} {job['domain']} s{args.seed}"
+    final = train(method, run, out, label=label)
+    summary = {
+        "domain": job["domain"],
+        "domain_version": domain.version,
+        "method": job["method"],
+        "seed": args.seed,
+        "final": final,
+        "ledger": run.ledger.snapshot(),
+        "job": job,
+        "warmstart": str(args.warmstart),
+        **provenance(),
+    }
+    write_json_atomic(out / "summary.json", summary)
+    domain.close()
+    print(f"[{label}] done: heldout_reward {final['heldout_reward']:.3f} after {run.ledger.rollouts} rollouts; wrote {out / 'metrics.jsonl'} and {out / 'summary.json'}", file=sys.stderr)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m methods.cli", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--job", required=True, help="resolved job settings: a JSON string or @path.json")
+    common.add_argument("--seed", type=int, required=True, help="run seed (model init, sampling)")
+    common.add_argument("--out", required=True, help="output directory")
+    common.add_argument("--threads", type=int, default=1, help="torch intra-op threads (the Snakemake rule's threads:)")
+    common.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    ws = sub.add_parser("warmstart", parents=[common], help="expert SFT warm start + its held-out score (Vanilla)")
+    ws.set_defaults(fn=cmd_warmstart)
+    tr = sub.add_parser("train", parents=[common], help="train one method on one domain and seed")
+    tr.add_argument("--warmstart", required=True, help="warm start directory (holds model/)")
+    tr.set_defaults(fn=cmd_train)
+    args = p.parse_args(argv)
+    torch.set_num_threads(max(1, args.threads))
+    args.fn(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Shared machinery of every method: policy, rollouts, the loop, the ledger."""

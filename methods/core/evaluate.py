@@ -1,0 +1,61 @@
+"""Held-out evaluation: the same function scores the warm start (Table 1's
+"Vanilla") and every method's learning-curve points."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+from tasks.base import Task, TaskDomain
+
+from .rollout import Rollout, SamplingConfig, run_episodes
+from .tokenizer import ChatEncoder
+
+
+def summarize(rollouts: Sequence[Rollout], prefix: str = "heldout_") -> dict[str, float]:
+    """Score and behaviour statistics of finished episodes (means over episodes)."""
+    n = max(len(rollouts), 1)
+    out = {
+        f"{prefix}reward": sum(r.reward for r in rollouts) / n,
+        f"{prefix}success": sum(r.reward >= 1.0 for r in rollouts) / n,
+        f"{prefix}turns": sum(len(r.episode.turns) for r in rollouts) / n,
+        f"{prefix}gen_tokens": sum(r.generated_tokens for r in rollouts) / n,
+        f"{prefix}first_response_tokens": sum(_first_response_len(r) for r in rollouts) / n,
+    }
+    infos = [r.episode.info() for r in rollouts]
+    for key in sorted({k for i in infos for k, v in i.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}):
+        out[f"{prefix}{key}"] = sum(float(i.get(key, 0)) for i in infos) / n
+    return out
+
+
+def _first_response_len(r: Rollout) -> int:
+    m = r.agent_mask
+    if 1 not in m:
+        return 0
+    start = m.index(1)
+    end = start
+    while end < len(m) and m[end] == 1:
+        end += 1
+    return end - start
+
+
+@torch.no_grad()
+def evaluate(
+    model,
+    encoder: ChatEncoder,
+    domain: TaskDomain,
+    tasks: Sequence[Task],
+    sampling: SamplingConfig,
+    context_fn: Callable[[Task], str | None] | None = None,
+    seed: int = 0,
+) -> dict[str, float]:
+    was_training = model.training
+    model.eval()
+    gen = torch.Generator().manual_seed(seed)
+    contexts = [context_fn(t) for t in tasks] if context_fn else None
+    rollouts = run_episodes(model, encoder, domain, tasks, contexts, sampling, generator=gen)
+    model.train(was_training)
+    out = summarize(rollouts)
+    out["heldout_episodes"] = len(rollouts)
+    return out

@@ -1,0 +1,70 @@
+"""The budget ledger: what a run spent, recorded the same way for every method.
+
+The unit of budget is one student rollout (methods.md, "Budgets").  Teacher
+scoring is compute, not rollouts, and is counted separately as teacher-scored
+tokens, next to distinct tasks seen, generated tokens and wall time.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Ledger:
+    rollout_budget: int
+    rollouts: int = 0
+    steps: int = 0
+    generated_tokens: int = 0
+    teacher_tokens: int = 0
+    wall_s: float = 0.0
+    _tasks: set[str] = field(default_factory=set)
+    _t0: float | None = None
+
+    @property
+    def tasks_seen(self) -> int:
+        return len(self._tasks)
+
+    @property
+    def remaining(self) -> int:
+        return self.rollout_budget - self.rollouts
+
+    def start_clock(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def tick(self) -> None:
+        now = time.perf_counter()
+        if self._t0 is not None:
+            self.wall_s += now - self._t0
+        self._t0 = now
+
+    def add_rollouts(self, task_ids: list[str], generated_tokens: int) -> None:
+        if self.rollouts + len(task_ids) > self.rollout_budget:
+            raise RuntimeError(f"rollout budget exceeded: {self.rollouts} + {len(task_ids)} > {self.rollout_budget}")
+        self.rollouts += len(task_ids)
+        self._tasks.update(task_ids)
+        self.generated_tokens += generated_tokens
+
+    def add_teacher_tokens(self, n: int) -> None:
+        self.teacher_tokens += int(n)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "rollouts": self.rollouts,
+            "rollout_budget": self.rollout_budget,
+            "tasks_seen": self.tasks_seen,
+            "steps": self.steps,
+            "generated_tokens": self.generated_tokens,
+            "teacher_tokens": self.teacher_tokens,
+            "wall_s": round(self.wall_s, 3),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**self.snapshot(), "tasks": sorted(self._tasks)}
+
+    def load_state_dict(self, s: dict[str, Any]) -> None:
+        for k in ("rollouts", "steps", "generated_tokens", "teacher_tokens", "wall_s"):
+            setattr(self, k, s[k])
+        self._tasks = set(s["tasks"])

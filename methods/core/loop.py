@@ -1,0 +1,296 @@
+"""The one shared training loop.
+
+Every method runs through :func:`train`.  The loop owns seeding, sampling
+rollouts, the budget ledger, the optimizer step (PPO-style epochs over
+minibatches, gradient clipping), held-out evaluation at fixed rollout counts,
+checkpoint/resume and ``metrics.jsonl``; a method (``methods/<name>.py``)
+supplies only its group size, the student's context, its per-batch
+precomputation, its loss and its post-step hook.  Budgets therefore match by
+construction: the loop stops every method at the same number of student
+rollouts, and rounds a step down rather than overshoot.
+
+Resume: a checkpoint holds the weights, optimizer, method state, ledger, task
+sampler position and every RNG state, so a killed run rerun with the same
+arguments continues where it stopped and ends with the same metrics as an
+uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tasks.base import Task, TaskDomain
+
+from .batch import RolloutBatch, collate, token_logprobs
+from .evaluate import evaluate, summarize
+from .ledger import Ledger
+from .registry import Method
+from .rollout import SamplingConfig, run_episodes
+from .tokenizer import ChatEncoder
+
+
+@dataclass
+class TrainConfig:
+    """Settings shared by every method (the same values for all methods of a comparison)."""
+
+    rollout_budget: int = 1600  # student rollouts per run (the unit of budget)
+    rollouts_per_step: int = 32  # tasks_per_step = rollouts_per_step // group_size
+    lr: float = 3e-4
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    ppo_epochs: int = 2  # passes over each step's rollouts
+    minibatch_rollouts: int = 16
+    temperature: float = 1.0  # sampling temperature of training rollouts
+    max_new_tokens: int = 48  # per assistant turn
+    max_seq_len: int = 1024
+    eval_every: int = 400  # rollouts between held-out evaluations (also at 0 and at the end)
+    eval_episodes: int = 200
+    eval_temperature: float = 0.0  # 0: greedy evaluation
+    checkpoint_every: int = 5  # steps
+
+    def __post_init__(self):
+        positive = ["rollout_budget", "rollouts_per_step", "ppo_epochs", "minibatch_rollouts", "max_new_tokens", "max_seq_len", "eval_every", "eval_episodes", "checkpoint_every"]
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if not (0 < self.lr < 1):
+            raise ValueError(f"train.lr must be in (0, 1), got {self.lr}")
+        if self.grad_clip <= 0 or self.weight_decay < 0:
+            raise ValueError("train.grad_clip must be > 0 and train.weight_decay >= 0")
+        if self.temperature <= 0 or self.eval_temperature < 0:
+            raise ValueError("train.temperature must be > 0 and train.eval_temperature >= 0")
+
+    def sampling(self, eval: bool = False) -> SamplingConfig:
+        t = self.eval_temperature if eval else self.temperature
+        return SamplingConfig(temperature=t, max_new_tokens=self.max_new_tokens, max_seq_len=self.max_seq_len)
+
+
+@dataclass
+class RunContext:
+    """What a method may use: the student, its tokenizer, the domain, the ledger."""
+
+    model: Any
+    tokenizer: Any
+    encoder: ChatEncoder
+    domain: TaskDomain
+    train_cfg: TrainConfig
+    ledger: Ledger
+    seed: int
+    device: torch.device
+    warmstart_path: Path | None = None
+    out_dir: Path | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class TaskSampler:
+    """Deterministic epochs over the training split, reshuffled per epoch from the seed."""
+
+    def __init__(self, tasks: list[Task], seed: int):
+        if not tasks:
+            raise ValueError("the training split is empty")
+        self.tasks, self.seed, self.epoch, self.pos = tasks, seed, 0, 0
+        self._order = self._shuffle()
+
+    def _shuffle(self) -> list[int]:
+        order = list(range(len(self.tasks)))
+        random.Random(f"{self.seed}/{self.epoch}").shuffle(order)
+        return order
+
+    def next(self, n: int) -> list[Task]:
+        out = []
+        for _ in range(n):
+            if self.pos >= len(self._order):
+                self.epoch, self.pos = self.epoch + 1, 0
+                self._order = self._shuffle()
+            out.append(self.tasks[self._order[self.pos]])
+            self.pos += 1
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load_state_dict(self, s: dict[str, int]) -> None:
+        self.epoch, self.pos = s["epoch"], s["pos"]
+        self._order = self._shuffle()
+
+
+def _eval_points(cfg: TrainConfig) -> list[int]:
+    pts = list(range(0, cfg.rollout_budget, cfg.eval_every)) + [cfg.rollout_budget]
+    return sorted(set(pts))
+
+
+def _atomic_write_bytes(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class MetricsLog:
+    """Append-only ``metrics.jsonl``; on resume, lines past the checkpoint are dropped."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def truncate_to_step(self, step: int) -> None:
+        if not self.path.exists():
+            return
+        keep = [ln for ln in self.path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
+        _atomic_write_bytes(self.path, lambda f: f.write("".join(k + "\n" for k in keep).encode()))
+
+    def write(self, record: dict[str, Any]) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record, sort_keys=True) + "\n")
+
+    def records(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        return [json.loads(ln) for ln in self.path.read_text().splitlines() if ln.strip()]
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def train(method: Method, run: RunContext, out_dir: Path, label: str = "") -> dict[str, Any]:
+    """Train ``method`` until the rollout budget is spent.  Returns the final evaluation."""
+    cfg, model, ledger, domain = run.train_cfg, run.model, run.ledger, run.domain
+    out_dir.mkdir(parents=True, exist_ok=True)
+    metrics = MetricsLog(out_dir / "metrics.jsonl")
+    ckpt_path = out_dir / "checkpoint.pt"
+    G = method.cfg.group_size
+    if cfg.rollouts_per_step < G:
+        raise ValueError(f"train.rollouts_per_step ({cfg.rollouts_per_step}) is smaller than {method.name}.group_size ({G})")
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sampler = TaskSampler(domain.tasks("train"), run.seed)
+    test_tasks = domain.tasks("test", cfg.eval_episodes)
+    gen = torch.Generator().manual_seed(run.seed)
+    torch.manual_seed(run.seed)
+    evals_done: list[int] = []
+
+    if ckpt_path.exists():
+        state = torch.load(ckpt_path, map_location=run.device, weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        method.load_state_dict(state["method"])
+        ledger.load_state_dict(state["ledger"])
+        sampler.load_state_dict(state["sampler"])
+        gen.set_state(state["generator"])
+        torch.set_rng_state(state["torch_rng"])
+        evals_done = state["evals_done"]
+        metrics.truncate_to_step(ledger.steps)
+        _log(f"[{label}] resumed from {ckpt_path} at step {ledger.steps}, {ledger.rollouts}/{ledger.rollout_budget} rollouts")
+    elif metrics.path.exists():
+        metrics.path.unlink()  # a previous attempt died before its first checkpoint
+
+    def checkpoint() -> None:
+        state = {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "method": method.state_dict(),
+            "ledger": ledger.state_dict(),
+            "sampler": sampler.state_dict(),
+            "generator": gen.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "evals_done": evals_done,
+        }
+        _atomic_write_bytes(ckpt_path, lambda f: torch.save(state, f))
+
+    def maybe_eval(force: bool = False) -> dict[str, Any] | None:
+        due = [p for p in _eval_points(cfg) if p <= ledger.rollouts and p not in evals_done]
+        if not due and not force:
+            return None
+        res = evaluate(model, run.encoder, domain, test_tasks, cfg.sampling(eval=True), context_fn=method.student_context, seed=run.seed)
+        evals_done.extend(due)
+        rec = {"kind": "eval", "step": ledger.steps, **ledger.snapshot(), **res}
+        metrics.write(rec)
+        _log(f"[{label}] eval at {ledger.rollouts}/{ledger.rollout_budget} rollouts: heldout_reward {res['heldout_reward']:.3f}")
+        return rec
+
+    model.train()
+    ledger.start_clock()
+    maybe_eval()
+    t_start = time.perf_counter()
+    r_start = ledger.rollouts
+    while ledger.remaining >= G:
+        n_tasks = min(cfg.rollouts_per_step, ledger.remaining) // G
+        tasks = sampler.next(n_tasks)
+        expanded = [t for t in tasks for _ in range(G)]
+        groups = [i for i in range(n_tasks) for _ in range(G)]
+        contexts = [method.student_context(t) for t in expanded]
+        t0 = time.perf_counter()
+        model.eval()
+        rollouts = run_episodes(model, run.encoder, domain, expanded, contexts, cfg.sampling(), generator=gen)
+        model.train()
+        t_roll = time.perf_counter() - t0
+        ledger.add_rollouts([t.task_id for t in expanded], sum(r.generated_tokens for r in rollouts))
+        batch = collate(rollouts, groups, run.encoder.pad_id, run.device)
+        step_metrics = _update(method, model, optimizer, batch, cfg)
+        step_metrics.update(method.after_step(batch))
+        ledger.steps += 1
+        ledger.tick()
+        rec = {
+            "kind": "train",
+            "step": ledger.steps,
+            **ledger.snapshot(),
+            **summarize(rollouts, prefix="train_"),
+            "rollout_s": round(t_roll, 4),
+            **step_metrics,
+        }
+        metrics.write(rec)
+        done_now = ledger.rollouts - r_start
+        eta = (time.perf_counter() - t_start) / max(done_now, 1) * ledger.remaining
+        _log(f"[{label}] step {ledger.steps} rollouts {ledger.rollouts}/{ledger.rollout_budget} train_reward {rec['train_reward']:.3f} loss {step_metrics.get('loss', float('nan')):.4f} eta {eta:.0f}s")
+        maybe_eval()
+        if ledger.steps % cfg.checkpoint_every == 0 or ledger.remaining < G:
+            ledger.tick()
+            checkpoint()
+    final = [r for r in metrics.records() if r["kind"] == "eval"]
+    if not final or final[-1]["rollouts"] != ledger.rollouts:
+        final.append(maybe_eval(force=True))
+        checkpoint()
+    return final[-1]
+
+
+def _update(method: Method, model, optimizer, batch: RolloutBatch, cfg: TrainConfig) -> dict[str, float]:
+    """PPO-style epochs over minibatches; old log-probs are taken once before the first step."""
+    with torch.no_grad():
+        old_logp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask)
+    batch.extras["old_logp"] = old_logp
+    sums: dict[str, float] = dict(method.prepare(batch))
+    agg: dict[str, float] = {}
+    n_updates = 0
+    N = len(batch)
+    for _ in range(cfg.ppo_epochs):
+        for start in range(0, N, cfg.minibatch_rollouts):
+            rows = torch.arange(start, min(start + cfg.minibatch_rollouts, N), device=batch.input_ids.device)
+            ids, attn = batch.input_ids[rows], batch.attention_mask[rows]
+            width = int(attn.sum(-1).max())  # trim right padding of this minibatch
+            logp, logits = token_logprobs(model, ids[:, :width], attn[:, :width])
+            loss, m = method.loss(batch, rows, logp, logits)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            optimizer.step()
+            m = {"loss": float(loss.detach()), "grad_norm": float(gnorm), **m}
+            for k, v in m.items():
+                agg[k] = agg.get(k, 0.0) + float(v)
+            n_updates += 1
+    sums.update({k: v / max(n_updates, 1) for k, v in agg.items()})
+    return sums
+
+
+def config_dict(obj) -> dict[str, Any]:
+    return asdict(obj)

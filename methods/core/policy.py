@@ -1,0 +1,78 @@
+"""The policy: a ``transformers`` causal LM built from a config, or any local checkpoint.
+
+``build_policy`` makes the small profile's model (Qwen2 family, a few layers, a
+small width) for a given tokenizer; ``load_policy`` loads any local
+``save_pretrained`` directory, which is how a real model (e.g. Qwen3-4B on a
+GPU machine) enters the same pipeline.  Nothing here downloads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+
+@dataclass
+class ModelConfig:
+    """Shape of a policy built from scratch (ignored when ``checkpoint`` is given)."""
+
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    intermediate_size: int = 512
+    max_positions: int = 1024
+    vocab_size: int = 768
+    checkpoint: str | None = None  # a local HF directory to start from instead
+
+    def __post_init__(self):
+        for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_positions", "vocab_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"model.hidden_size ({self.hidden_size}) must be divisible by model.num_heads ({self.num_heads})")
+
+
+def build_policy(cfg: ModelConfig, tokenizer, seed: int) -> Qwen2ForCausalLM:
+    """A freshly initialised Qwen2 causal LM sized by ``cfg`` for ``tokenizer``."""
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_heads,
+        max_position_embeddings=cfg.max_positions,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    return model
+
+
+def load_policy(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
+    """Load model and tokenizer from a local ``save_pretrained`` directory."""
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"no model checkpoint at {path} (expected {path / 'config.json'})")
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype or torch.float32)
+    return model.to(device), tokenizer
+
+
+def save_policy(model, tokenizer, path: str | Path) -> None:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+
+
+def count_parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())

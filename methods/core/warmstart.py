@@ -1,0 +1,213 @@
+"""Warm start: the stand-in for pretraining (small-profile.md section 2).
+
+Every method in the paper starts from an instruct model that already follows
+instructions and already uses whatever context it is given.  A model trained
+from scratch has neither, so each (domain, seed) gets one cached warm start:
+
+1. run the scripted expert on ``n_demos`` training-split tasks;
+2. train a byte-level BPE tokenizer on the rendered demonstrations;
+3. build the policy from its config and fine-tune it (NLL on the agent's
+   tokens only) for a deliberately limited number of steps, so that the model
+   is mediocre (held-out reward ~0.2-0.5) and every method has room to improve;
+4. a share of the demonstrations (``context_share``) carries a *context block*
+   in the one neutral format of :func:`tasks.base.render_user_message`: either a
+   solved trace of a *different* training task of the same group (environment
+   variant / problem family), or the task's own solution trace.  This gives the
+   model the in-context ability an LLM brings from pretraining, so that every
+   privileged-context teacher can use its context;
+5. score the result on the held-out split (Table 1's "Vanilla") and measure
+   whether a same-group context block raises the likelihood of the expert's
+   turns on held-out tasks (the self-distillation methods depend on it).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from tasks.base import Episode, Task, TaskDomain, format_trace
+
+from .batch import token_logprobs
+from .evaluate import evaluate
+from .policy import ModelConfig, build_policy, count_parameters
+from .rollout import SamplingConfig, trajectory_ids
+from .tokenizer import ChatEncoder, train_tokenizer
+
+
+@dataclass
+class WarmStartConfig:
+    n_demos: int = 5000  # expert demonstrations from the training split
+    steps: int = 800
+    batch_size: int = 32
+    lr: float = 1e-3
+    warmup_steps: int = 50
+    context_share: float = 0.3  # share of demonstrations that carry a context block
+    same_task_share: float = 0.5  # of those, share whose context is the task's own solution (else a same-group example)
+    vocab_size: int = 768
+    likelihood_tasks: int = 100  # held-out tasks for the context-likelihood check
+
+    def __post_init__(self):
+        for name in ("n_demos", "steps", "batch_size", "vocab_size", "likelihood_tasks"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"warmstart.{name} must be >= 1, got {getattr(self, name)}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmstart.warmup_steps must be >= 0, got {self.warmup_steps}")
+        for name in ("context_share", "same_task_share"):
+            if not (0.0 <= getattr(self, name) <= 1.0):
+                raise ValueError(f"warmstart.{name} must be in [0, 1], got {getattr(self, name)}")
+        if not (0 < self.lr < 1):
+            raise ValueError(f"warmstart.lr must be in (0, 1), got {self.lr}")
+
+
+def expert_episodes(domain: TaskDomain, tasks: Sequence[Task]) -> list[Episode]:
+    """Run the scripted expert on every task, stepping all episodes together."""
+    eps = [domain.reset(t) for t in tasks]
+    active = [e for e in eps if not e.done]
+    while active:
+        domain.step_batch(active, [e.expert_action() for e in active])
+        active = [e for e in active if not e.done and len(e.turns) < e.task.max_turns]
+    return eps
+
+
+def _context_for(task: Task, own: Episode, by_group: dict[str, list[Episode]], rng: random.Random, same_task_share: float) -> str | None:
+    if rng.random() < same_task_share:
+        return format_trace(task, own.turns, with_task=False)
+    others = [e for e in by_group.get(task.group_id, []) if e.task.task_id != task.task_id]
+    if not others:
+        return None
+    ex = rng.choice(others)
+    return format_trace(ex.task, ex.turns)
+
+
+def build_examples(domain, encoder, episodes, cfg: WarmStartConfig, rng: random.Random):
+    by_group: dict[str, list[Episode]] = {}
+    for e in episodes:
+        by_group.setdefault(e.task.group_id, []).append(e)
+    examples = []
+    for e in episodes:
+        ctx = _context_for(e.task, e, by_group, rng, cfg.same_task_share) if rng.random() < cfg.context_share else None
+        examples.append(trajectory_ids(encoder, domain, e.task, ctx, e.turns))
+    return examples, by_group
+
+
+def _pad(batch, pad_id):
+    width = max(len(ids) for ids, _ in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(batch), width), dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.float32)
+    for i, (x, m) in enumerate(batch):
+        ids[i, : len(x)] = torch.tensor(x)
+        attn[i, : len(x)] = 1
+        mask[i, : len(x)] = torch.tensor(m, dtype=torch.float32)
+    return ids, attn, mask[:, 1:]
+
+
+def sft(model, examples, pad_id: int, cfg: WarmStartConfig, seed: int, log_every: int = 100) -> list[float]:
+    """NLL on agent tokens, AdamW, linear warm-up then cosine decay to 10 %."""
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt,
+        lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s / cfg.steps, 1.0)))),
+    )
+    rng = random.Random(f"sft/{seed}")
+    model.train()
+    losses = []
+    t0 = time.perf_counter()
+    for step in range(cfg.steps):
+        batch = [examples[rng.randrange(len(examples))] for _ in range(cfg.batch_size)]
+        ids, attn, mask = _pad(batch, pad_id)
+        logp, _ = token_logprobs(model, ids, attn)
+        loss = -(logp * mask).sum() / mask.sum().clamp(min=1)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(float(loss))
+        if (step + 1) % log_every == 0 or step + 1 == cfg.steps:
+            eta = (time.perf_counter() - t0) / (step + 1) * (cfg.steps - step - 1)
+            print(f"[warmstart] step {step + 1}/{cfg.steps} nll {sum(losses[-log_every:]) / len(losses[-log_every:]):.4f} eta {eta:.0f}s", file=sys.stderr, flush=True)
+    return losses
+
+
+@torch.no_grad()
+def mean_agent_logprob(model, encoder, domain, items) -> float:
+    """Mean per-token log-likelihood of the agent turns of ``items`` = [(task, context, turns)]."""
+    model.eval()
+    tot, cnt = 0.0, 0.0
+    for start in range(0, len(items), 32):
+        chunk = [trajectory_ids(encoder, domain, t, c, turns) for t, c, turns in items[start : start + 32]]
+        ids, attn, mask = _pad(chunk, encoder.pad_id)
+        logp, _ = token_logprobs(model, ids, attn)
+        tot += float((logp * mask).sum())
+        cnt += float(mask.sum())
+    return tot / max(cnt, 1.0)
+
+
+def context_likelihood_check(model, encoder, domain, train_by_group, n: int, seed: int) -> dict[str, float]:
+    """Does a context block from the same group raise the likelihood of the expert's
+    turns on held-out tasks?  Compared with no context and with a block from another group."""
+    rng = random.Random(f"ctxcheck/{seed}")
+    test = [t for t in domain.tasks("test") if t.group_id in train_by_group][:n]
+    eps = expert_episodes(domain, test)
+    groups = sorted(train_by_group)
+    none, same, other = [], [], []
+    for e in eps:
+        ex = rng.choice(train_by_group[e.task.group_id])
+        g2 = rng.choice([g for g in groups if g != e.task.group_id] or groups)
+        ex2 = rng.choice(train_by_group[g2])
+        none.append((e.task, None, e.turns))
+        same.append((e.task, format_trace(ex.task, ex.turns), e.turns))
+        other.append((e.task, format_trace(ex2.task, ex2.turns), e.turns))
+    res = {
+        "logp_no_context": mean_agent_logprob(model, encoder, domain, none),
+        "logp_same_group_context": mean_agent_logprob(model, encoder, domain, same),
+        "logp_other_group_context": mean_agent_logprob(model, encoder, domain, other),
+        "context_check_tasks": len(eps),
+    }
+    res["context_gain_same_group"] = res["logp_same_group_context"] - res["logp_no_context"]
+    res["context_gain_other_group"] = res["logp_other_group_context"] - res["logp_no_context"]
+    return res
+
+
+def warm_start(domain: TaskDomain, model_cfg: ModelConfig, cfg: WarmStartConfig, sampling: SamplingConfig, eval_episodes: int, seed: int):
+    """Returns (model, tokenizer, report dict)."""
+    t0 = time.perf_counter()
+    rng = random.Random(f"warmstart/{seed}")
+    train_tasks = domain.tasks("train", cfg.n_demos)
+    episodes = expert_episodes(domain, train_tasks)
+    bad = [e.task.task_id for e in episodes if e.reward() < 1.0]
+    if bad:
+        raise RuntimeError(f"the scripted expert failed {len(bad)} training tasks, e.g. {bad[:3]}")
+    t_demo = time.perf_counter() - t0
+    # The tokenizer sees the rendered demonstrations (with and without context blocks).
+    corpus = [format_trace(e.task, e.turns) for e in episodes] + [domain.system_prompt, "user assistant tool system context: task:"]
+    tokenizer = train_tokenizer(corpus, vocab_size=cfg.vocab_size)
+    encoder = ChatEncoder(tokenizer)
+    examples, by_group = build_examples(domain, encoder, episodes, cfg, rng)
+    model = build_policy(model_cfg, tokenizer, seed)
+    print(f"[warmstart] {domain.name} seed {seed}: {len(examples)} demos, {count_parameters(model) / 1e6:.2f} M parameters, vocab {len(tokenizer)}", file=sys.stderr, flush=True)
+    losses = sft(model, examples, encoder.pad_id, cfg, seed)
+    t_sft = time.perf_counter() - t0 - t_demo
+    test_tasks = domain.tasks("test", eval_episodes)
+    heldout = evaluate(model, encoder, domain, test_tasks, sampling, seed=seed)
+    train_eval = evaluate(model, encoder, domain, domain.tasks("train", eval_episodes), sampling, seed=seed)
+    ctx = context_likelihood_check(model, encoder, domain, by_group, cfg.likelihood_tasks, seed)
+    report = {
+        **heldout,
+        "train_reward": train_eval["heldout_reward"],
+        **ctx,
+        "final_nll": sum(losses[-50:]) / len(losses[-50:]),
+        "parameters": count_parameters(model),
+        "vocab_size": len(tokenizer),
+        "demo_s": round(t_demo, 2),
+        "sft_s": round(t_sft, 2),
+        "wall_s": round(time.perf_counter() - t0, 2),
+    }
+    return model, tokenizer, report

@@ -1,0 +1,15 @@
+rule table1:
+    """Table 1: held-out reward per (domain, method), mean and 95 % bootstrap CI over seeds."""
+    input:
+        vanilla=expand(f"{OUT}/warmstart/{{domain}}/seed{{seed}}/eval.json", domain=DOMAINS, seed=SEEDS),
+        runs=expand(f"{OUT}/runs/{{domain}}/{{method}}/seed{{seed}}/summary.json", domain=DOMAINS, method=METHODS, seed=SEEDS),
+    output:
+        csv="results/table1.csv",
+        md="results/table1.md",
+        curves="results/curves.csv",
+    log:
+        "results/logs/table1.log",
+    threads: 1
+    shell:
+        "python -m analysis.table1 --vanilla {input.vanilla} --runs {input.runs} "
+        "--out-csv {output.csv} --out-md {output.md} --out-curves {output.curves} > {log} 2>&1"

@@ -1,0 +1,209 @@
+"""The one small interface every task domain implements.
+
+A *domain* (``tasks/tooluse``, ``tasks/code``, later real benchmarks) is a
+:class:`TaskDomain` registered by name.  It hands out deterministic train/test
+splits of :class:`Task` objects and opens :class:`Episode` objects on them.  An
+episode is a turn-based exchange: the agent sends one action string per turn,
+the environment answers with an observation string, until the episode is done.
+The reward is in ``[0, 1]``; on failure ``feedback`` carries the text that
+SDPO-style teachers use (tool errors, failing test output).
+
+Everything a method needs about a task is here and nowhere else:
+
+* ``Task.prompt``       -- the user message the student sees (tools + instruction);
+* ``Task.group_id``     -- what experience shares (tool-use variant, code family);
+* ``Task.reference``    -- a reference solution, for teachers that need one (OPSD);
+* ``Episode.expert_action()`` -- the scripted expert, used for warm-start
+  demonstrations and for SDFT demonstrations.
+
+Conventions shared by all domains (so no method is favoured by formatting):
+
+* a privileged or retrieved *context block* is rendered by
+  :func:`render_user_message` in one neutral format, ahead of the task;
+* a finished trajectory is rendered by :func:`format_trace` as a compact
+  action -> result trace (what experience banks and reference contexts show).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Sequence
+
+__all__ = [
+    "Task",
+    "StepResult",
+    "Episode",
+    "TaskDomain",
+    "Turn",
+    "register_domain",
+    "get_domain",
+    "known_domains",
+    "render_user_message",
+    "format_trace",
+]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task instance. Immutable and cheap to pass around.
+
+    ``payload`` holds domain-private data (initial state, hidden tests, ...);
+    methods must not read it.
+    """
+
+    task_id: str  # unique within (domain, version)
+    domain: str
+    split: str  # "train" | "test"
+    template_id: str  # the task template that generated it
+    group_id: str  # environment variant (tool use) or problem family (code)
+    prompt: str  # user message the student sees, without any context block
+    reference: str  # reference solution as text (oracle calls / program)
+    max_turns: int  # assistant turns allowed in an episode
+    payload: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+
+@dataclass
+class StepResult:
+    observation: str | None  # text shown to the agent next (None when done and nothing to show)
+    done: bool
+
+
+@dataclass
+class Turn:
+    """One assistant action and the environment's answer to it."""
+
+    action: str
+    observation: str | None
+
+
+class Episode(abc.ABC):
+    """A running episode on one task.  Never raises on bad agent input:
+    malformed or hostile actions become error observations or reward 0."""
+
+    def __init__(self, task: Task):
+        self.task = task
+        self.turns: list[Turn] = []
+        self.done = False
+
+    @abc.abstractmethod
+    def step(self, action: str) -> StepResult:
+        """Apply one agent action.  Must append to ``self.turns`` and set ``self.done``."""
+
+    @abc.abstractmethod
+    def reward(self) -> float:
+        """Outcome reward in [0, 1]; valid once ``done`` (0-ish before)."""
+
+    @abc.abstractmethod
+    def feedback(self) -> str:
+        """Environment feedback on failure (empty string on full success)."""
+
+    @abc.abstractmethod
+    def expert_action(self) -> str:
+        """What the scripted expert does next from the current state."""
+
+    def info(self) -> dict[str, Any]:
+        """Extra per-episode diagnostics (e.g. number of tool errors)."""
+        return {}
+
+
+class TaskDomain(abc.ABC):
+    """A family of tasks with deterministic splits.
+
+    Subclasses set ``name`` and ``version``; ``version`` must change whenever
+    the generated data or the scoring changes (tables refuse to mix versions).
+    """
+
+    name: ClassVar[str]
+    version: ClassVar[str]
+    #: the system message every episode of this domain starts with
+    system_prompt: ClassVar[str] = ""
+
+    def __init__(self, seed: int = 0, **options: Any):
+        self.seed = seed
+        self.options = options
+
+    @abc.abstractmethod
+    def tasks(self, split: str, n: int | None = None) -> list[Task]:
+        """The first ``n`` tasks of ``split`` ("train" or "test"), deterministic in
+        ``self.seed``.  ``n=None`` returns the domain's default split size."""
+
+    @abc.abstractmethod
+    def reset(self, task: Task) -> Episode:
+        """Open a fresh episode on ``task``."""
+
+    def step_batch(self, episodes: Sequence[Episode], actions: Sequence[str]) -> list[StepResult]:
+        """Step many episodes at once.  Domains whose step is expensive (code:
+        sandboxed execution) override this to run them in parallel."""
+        return [ep.step(a) for ep, a in zip(episodes, actions)]
+
+    def expert_trajectory(self, task: Task) -> Episode:
+        """Run the scripted expert to the end of an episode on ``task``."""
+        ep = self.reset(task)
+        while not ep.done and len(ep.turns) < task.max_turns:
+            ep.step(ep.expert_action())
+        return ep
+
+    def close(self) -> None:
+        """Release resources (worker pools)."""
+
+
+# --------------------------------------------------------------------------- registry
+_DOMAINS: dict[str, type[TaskDomain]] = {}
+
+
+def register_domain(cls: type[TaskDomain]) -> type[TaskDomain]:
+    name = cls.name
+    if name in _DOMAINS and _DOMAINS[name] is not cls:
+        raise ValueError(f"task domain {name!r} is already registered by {_DOMAINS[name].__module__}")
+    _DOMAINS[name] = cls
+    return cls
+
+
+def known_domains() -> list[str]:
+    _import_builtin_domains()
+    return sorted(_DOMAINS)
+
+
+def get_domain(name: str, seed: int = 0, **options: Any) -> TaskDomain:
+    _import_builtin_domains()
+    if name not in _DOMAINS:
+        import difflib
+
+        hint = difflib.get_close_matches(name, list(_DOMAINS), n=1)
+        extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+        raise KeyError(f"unknown task {name!r}{extra}; known tasks: {', '.join(sorted(_DOMAINS))}")
+    return _DOMAINS[name](seed=seed, **options)
+
+
+def _import_builtin_domains() -> None:
+    import importlib
+
+    for mod in ("tasks.tooluse", "tasks.code"):
+        importlib.import_module(mod)
+
+
+# --------------------------------------------------------------------------- rendering
+CONTEXT_HEADER = "context:"
+TASK_HEADER = "task:"
+
+
+def render_user_message(task: Task, context: str | None = None) -> str:
+    """The user message: an optional neutral context block, then the task.
+
+    Every privileged-context method (OPSD, SDPO, SDFT, Skill-SD, retrieval RL)
+    and the warm start use this one format, so none is favoured by it.
+    """
+    if not context:
+        return task.prompt
+    return f"{CONTEXT_HEADER}\n{context.strip()}\n\n{TASK_HEADER}\n{task.prompt}"
+
+
+def format_trace(task: Task, turns: Sequence[Turn], with_task: bool = True) -> str:
+    """A finished trajectory as a compact action -> result trace."""
+    lines = [task.prompt] if with_task else []
+    for t in turns:
+        lines.append(f"> {t.action.strip()}")
+        if t.observation:
+            lines.append(f"< {t.observation.strip()}")
+    return "\n".join(lines)

@@ -1,0 +1,102 @@
+"""Contract tests, parametrised over every registered method and every task domain.
+
+Each method trains two steps on a tiny warm start through the shared loop:
+its parameters must change, the rollouts used must equal the budget, the
+metric names must be the shared ones, and the run must resume to the same
+metrics after an interruption.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from methods.core.ledger import Ledger
+from methods.core.loop import RunContext, train
+from methods.core.policy import load_policy
+from methods.core.registry import get_method, known_methods
+from methods.core.tokenizer import ChatEncoder
+from tasks.base import get_domain
+
+from .conftest import DOMAINS, tiny_configs
+
+SHARED_TRAIN_KEYS = {"kind", "step", "rollouts", "rollout_budget", "tasks_seen", "generated_tokens", "teacher_tokens", "wall_s", "train_reward", "loss", "grad_norm", "rollout_s"}
+SHARED_EVAL_KEYS = {"kind", "step", "rollouts", "heldout_reward", "heldout_success", "heldout_episodes"}
+
+
+def _run(method_name, domain_name, ws_path: Path, out: Path, train_cfg=None):
+    _, _, default_train = tiny_configs()
+    train_cfg = train_cfg or default_train
+    cls = get_method(method_name)
+    model, tok = load_policy(ws_path / "model")
+    domain = get_domain(domain_name, seed=0)
+    run = RunContext(model=model, tokenizer=tok, encoder=ChatEncoder(tok), domain=domain, train_cfg=train_cfg, ledger=Ledger(train_cfg.rollout_budget), seed=0, device=torch.device("cpu"), warmstart_path=ws_path, out_dir=out)
+    method = cls(cls.Config(), run)
+    return method, run
+
+
+@pytest.mark.parametrize("domain_name", DOMAINS)
+@pytest.mark.parametrize("method_name", known_methods())
+def test_two_steps_change_parameters_and_spend_the_budget(method_name, domain_name, warmstarts, tmp_path):
+    ws_path, _ = warmstarts[domain_name]
+    method, run = _run(method_name, domain_name, ws_path, tmp_path)
+    before = {k: v.clone() for k, v in run.model.state_dict().items()}
+    final = train(method, run, tmp_path)
+    assert run.ledger.rollouts == run.train_cfg.rollout_budget
+    assert run.ledger.steps == run.train_cfg.rollout_budget // run.train_cfg.rollouts_per_step == 2
+    assert 0 < run.ledger.tasks_seen <= run.ledger.rollouts
+    changed = [k for k, v in run.model.state_dict().items() if not torch.equal(v, before[k])]
+    assert changed, "no parameter changed after two steps"
+    recs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    trains = [r for r in recs if r["kind"] == "train"]
+    evals = [r for r in recs if r["kind"] == "eval"]
+    assert len(trains) == 2 and [e["rollouts"] for e in evals] == [0, 8, 16]
+    for r in trains:
+        assert SHARED_TRAIN_KEYS <= set(r), SHARED_TRAIN_KEYS - set(r)
+    for r in evals:
+        assert SHARED_EVAL_KEYS <= set(r)
+        assert 0.0 <= r["heldout_reward"] <= 1.0
+    assert final["rollouts"] == 16
+
+
+class _Interrupt(Exception):
+    pass
+
+
+def _strip_time(recs):
+    drop = {"wall_s", "rollout_s"}
+    return [{k: v for k, v in r.items() if k not in drop} for r in recs]
+
+
+@pytest.mark.parametrize("method_name", known_methods())
+def test_resume_after_interruption_matches_uninterrupted_run(method_name, warmstarts, tmp_path):
+    domain_name = "tooluse"
+    ws_path, _ = warmstarts[domain_name]
+    from dataclasses import replace
+
+    _, _, cfg = tiny_configs()
+    cfg = replace(cfg, rollout_budget=24)
+    # uninterrupted reference
+    m, run = _run(method_name, domain_name, ws_path, tmp_path / "ref", cfg)
+    train(m, run, tmp_path / "ref")
+    ref = [json.loads(x) for x in (tmp_path / "ref" / "metrics.jsonl").read_text().splitlines()]
+    # killed during step 3 (after the step-2 checkpoint)
+    m, run = _run(method_name, domain_name, ws_path, tmp_path / "cut", cfg)
+    orig = m.after_step
+
+    def boom(batch):
+        if run.ledger.steps == 2:
+            raise _Interrupt
+        return orig(batch)
+
+    m.after_step = boom
+    with pytest.raises(_Interrupt):
+        train(m, run, tmp_path / "cut")
+    assert (tmp_path / "cut" / "checkpoint.pt").exists()
+    m, run = _run(method_name, domain_name, ws_path, tmp_path / "cut", cfg)
+    train(m, run, tmp_path / "cut")
+    got = [json.loads(x) for x in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
+    assert _strip_time(got) == _strip_time(ref)

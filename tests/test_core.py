@@ -1,0 +1,125 @@
+"""Tokenizer, sampling, registry and config validation."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from methods.core.policy import ModelConfig, build_policy, load_policy, save_policy
+from methods.core.registry import get_method, known_methods
+from methods.core.rollout import sample
+from methods.core.tokenizer import ChatEncoder, train_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ["lookup(Mara Velk) -> A17", "def f(xs):\n    return [x * 3 for x in xs]", "Deposit 40 into the account of Mara Velk."] * 20
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return train_tokenizer(CORPUS, vocab_size=300)
+
+
+def test_incremental_encoding_matches_chat_template(tok):
+    enc = ChatEncoder(tok)
+    msgs = [("system", "be brief"), ("user", "Deposit 40 into Mara Velk."), ("assistant", "put(40, A17)"), ("tool", "ok: balance 120")]
+    ids = []
+    for role, content in msgs:
+        ids += enc.message(role, content)
+    ids += enc.header("assistant")
+    ref = tok.apply_chat_template([{"role": r, "content": c} for r, c in msgs], add_generation_prompt=True, tokenize=True)["input_ids"]
+    assert ids == list(ref)
+
+
+def test_digits_and_names_tokenize_the_same_everywhere(tok):
+    a = tok.tokenize("put(40, Velk)")
+    b = tok.tokenize("Velk 40")
+    assert "4" in a and "0" in a and "4" in b
+    # the name's pieces do not depend on what precedes it
+    assert tok.tokenize("Velk") == [t for t in b if t not in ("Ġ", "4", "0")]
+
+
+def test_checkpoint_roundtrip(tok, tmp_path):
+    m = build_policy(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tok, seed=0)
+    save_policy(m, tok, tmp_path)
+    m2, tok2 = load_policy(tmp_path)
+    assert tok2.chat_template == tok.chat_template
+    x = torch.tensor([[1, 5, 7, 9]])
+    assert torch.equal(m(x).logits, m2(x).logits)
+    with pytest.raises(FileNotFoundError, match="no model checkpoint"):
+        load_policy(tmp_path / "missing")
+
+
+def test_batched_kv_sampling_equals_hf_generate(tok):
+    m = build_policy(ModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64), tok, seed=1).eval()
+    prompts = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16]]
+    eos = tok.eos_token_id
+    batched = sample(m, prompts, eos_id=eos, pad_id=tok.pad_token_id, max_new_tokens=12, temperature=0)
+    for p, got in zip(prompts, batched):
+        ref = m.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=eos, pad_token_id=tok.pad_token_id)[0, len(p) :].tolist()
+        assert got == ref[: len(got)] and len(got) == len(ref)
+
+
+def test_sampling_is_seeded(tok):
+    m = build_policy(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tok, seed=2).eval()
+    prompts = [[5, 6, 7]] * 4
+    a = sample(m, prompts, tok.eos_token_id, tok.pad_token_id, 10, 1.0, torch.Generator().manual_seed(3))
+    b = sample(m, prompts, tok.eos_token_id, tok.pad_token_id, 10, 1.0, torch.Generator().manual_seed(3))
+    assert a == b
+
+
+def test_registry_lists_known_names():
+    assert "grpo" in known_methods()
+    with pytest.raises(KeyError, match="known methods: .*grpo"):
+        get_method("grpoo")
+    with pytest.raises(KeyError, match="did you mean 'grpo'"):
+        get_method("grpoo")
+
+
+def test_registering_a_name_twice_is_an_error():
+    from methods.core.registry import Method, register_method
+
+    with pytest.raises(ValueError, match="already registered"):
+
+        @register_method("grpo")
+        class Other(Method):
+            pass
+
+
+def _config():
+    return yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+
+
+def test_shipped_config_validates():
+    from methods.core.config import validate
+
+    for profile in ("small", "smoke"):
+        cfg = _config()
+        cfg["profile"] = profile
+        validate(cfg)
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda c: c.update(profile="huge"), "unknown profile 'huge'.*known profiles: small, smoke"),
+        (lambda c: c["methods"].update(nosuch={}), "unknown method 'nosuch'.*known methods"),
+        (lambda c: c.update(domains=["tooluse", "kode"]), "unknown task 'kode'.*did you mean 'code'"),
+        (lambda c: c["profiles"]["small"]["train"].update(lr=5.0), r"train.lr must be in \(0, 1\)"),
+        (lambda c: c["profiles"]["small"]["train"].update(rollout_budget=0), "train.rollout_budget must be >= 1"),
+        (lambda c: c["profiles"]["small"]["warmstart"].update(context_share=1.5), r"warmstart.context_share must be in \[0, 1\]"),
+        (lambda c: c["methods"].update(grpo={"clip_low": 2}), r"methods.grpo: clip_low must be in \(0, 1\)"),
+        (lambda c: c["methods"].update(grpo={"group_size": 1}), "methods.grpo: group_size must be >= 2"),
+        (lambda c: c["profiles"]["small"]["train"].update(learning_rate=1e-3), r"train: unknown field\(s\) \['learning_rate'\]"),
+    ],
+)
+def test_invalid_config_names_the_field(mutate, message):
+    from methods.core.config import validate
+
+    cfg = copy.deepcopy(_config())
+    mutate(cfg)
+    with pytest.raises((KeyError, ValueError), match=message):
+        validate(cfg)

@@ -10,6 +10,8 @@ rule table1:
     log:
         "results/logs/table1.log",
     threads: 1
+    conda:
+        "../envs/suite.yaml"
     shell:
         "python -m analysis.table1 --vanilla {input.vanilla} --runs {input.runs} "
         "--out-csv {output.csv} --out-md {output.md} --out-curves {output.curves} > {log} 2>&1"

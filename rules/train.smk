@@ -13,6 +13,8 @@ rule train:
     wildcard_constraints:
         seed=r"\d+",
     threads: 1
+    conda:
+        "../envs/suite.yaml"
     shell:
         "python -m methods.cli train --job {params.job} --seed {wildcards.seed} "
         "--warmstart {params.ws} --out {params.out} --threads {threads} > {log} 2>&1"

@@ -10,6 +10,8 @@ rule warmstart:
     wildcard_constraints:
         seed=r"\d+",
     threads: 1
+    conda:
+        "../envs/suite.yaml"
     shell:
         "python -m methods.cli warmstart --job {params.job} --seed {wildcards.seed} "
         "--out {params.out} --threads {threads} > {log} 2>&1"

@@ -45,3 +45,45 @@ def warmstarts(tmp_path_factory):
         save_policy(model, tok, path / "model")
         out[name] = (path, report)
     return out
+
+
+class _VariedEpisode:
+    """Proxy of a real episode whose reward also depends on the text generated,
+    so that an untrained tiny policy still sees reward variance within a group."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def step(self, action):
+        return self._inner.step(action)
+
+    def reward(self):
+        text = "".join(t.action for t in self._inner.turns)
+        return min(1.0, self._inner.reward() + (sum(map(ord, text)) % 3) / 2)
+
+
+def varied_reward_domain(inner):
+    """Wrap a domain for the contract tests: same tasks and episodes, rewards with variance."""
+    from tasks.base import TaskDomain
+
+    class Varied(TaskDomain):
+        name = inner.name
+        version = inner.version
+        system_prompt = inner.system_prompt
+
+        def tasks(self, split, n=None):
+            return inner.tasks(split, n)
+
+        def reset(self, task):
+            return _VariedEpisode(inner.reset(task))
+
+        def step_batch(self, episodes, actions):
+            return inner.step_batch([e._inner for e in episodes], actions)
+
+        def close(self):
+            inner.close()
+
+    return Varied(seed=inner.seed)

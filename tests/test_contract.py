@@ -1,6 +1,7 @@
 """Contract tests, parametrised over every registered method and every task domain.
 
-Each method trains two steps on a tiny warm start through the shared loop:
+Each method trains two steps on a tiny warm start through the shared loop (the
+domain is wrapped so that an untrained policy still sees reward variance):
 its parameters must change, the rollouts used must equal the budget, the
 metric names must be the shared ones, and the run must resume to the same
 metrics after an interruption.
@@ -21,7 +22,7 @@ from methods.core.registry import get_method, known_methods
 from methods.core.tokenizer import ChatEncoder
 from tasks.base import get_domain
 
-from .conftest import DOMAINS, tiny_configs
+from .conftest import DOMAINS, tiny_configs, varied_reward_domain
 
 SHARED_TRAIN_KEYS = {"kind", "step", "rollouts", "rollout_budget", "tasks_seen", "generated_tokens", "teacher_tokens", "wall_s", "train_reward", "loss", "grad_norm", "rollout_s"}
 SHARED_EVAL_KEYS = {"kind", "step", "rollouts", "heldout_reward", "heldout_success", "heldout_episodes"}
@@ -32,7 +33,7 @@ def _run(method_name, domain_name, ws_path: Path, out: Path, train_cfg=None):
     train_cfg = train_cfg or default_train
     cls = get_method(method_name)
     model, tok = load_policy(ws_path / "model")
-    domain = get_domain(domain_name, seed=0)
+    domain = varied_reward_domain(get_domain(domain_name, seed=0))
     run = RunContext(model=model, tokenizer=tok, encoder=ChatEncoder(tok), domain=domain, train_cfg=train_cfg, ledger=Ledger(train_cfg.rollout_budget), seed=0, device=torch.device("cpu"), warmstart_path=ws_path, out_dir=out)
     method = cls(cls.Config(), run)
     return method, run

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _copy_repo(dst: Path) -> None:
-    for name in ("Snakefile", "config", "rules", "methods", "tasks", "analysis"):
+    for name in ("Snakefile", "config", "rules", "envs", "methods", "tasks", "analysis"):
         src = ROOT / name
         if src.is_dir():
             shutil.copytree(src, dst / name, ignore=shutil.ignore_patterns("__pycache__"))

@@ -129,7 +129,7 @@ def sft(model, examples, pad_id: int, cfg: WarmStartConfig, seed: int, log_every
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if (step + 1) % log_every == 0 or step + 1 == cfg.steps:
             eta = (time.perf_counter() - t0) / (step + 1) * (cfg.steps - step - 1)
             print(f"[warmstart] step {step + 1}/{cfg.steps} nll {sum(losses[-log_every:]) / len(losses[-log_every:]):.4f} eta {eta:.0f}s", file=sys.stderr, flush=True)

@@ -1,0 +1,57 @@
+"""Wall time of one small-profile training run (one domain, one seed, the default budget,
+held-out evaluations included) on one core.  Target: <= 80 s for GRPO.
+
+    python benchmarks/bench_grpo_run.py --domain tooluse --warmstart results/small/warmstart/tooluse/seed0
+
+Prints one JSON line: wall time, rollouts, the ledger and where the time went.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main(argv=None) -> None:
+    from methods.cli import main as cli
+    from methods.core.config import resolve_job
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--domain", required=True)
+    p.add_argument("--method", default="grpo")
+    p.add_argument("--warmstart", required=True)
+    p.add_argument("--profile", default="small")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    config["profile"] = a.profile
+    job = resolve_job(config, a.domain, a.method)
+    with tempfile.TemporaryDirectory() as out:
+        t0 = time.perf_counter()
+        cli(["train", "--job", json.dumps(job), "--seed", str(a.seed), "--warmstart", a.warmstart, "--out", out, "--threads", "1"])
+        wall = time.perf_counter() - t0
+        recs = [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+        summary = json.loads((Path(out) / "summary.json").read_text())
+    trains = [r for r in recs if r["kind"] == "train"]
+    rollout_s = sum(r["rollout_s"] for r in trains)
+    print(json.dumps({
+        "method": a.method, "domain": a.domain, "profile": a.profile, "threads": torch.get_num_threads(),
+        "wall_s": round(wall, 1), "target_s": 80, "rollouts": summary["ledger"]["rollouts"],
+        "train_rollout_s": round(rollout_s, 1), "train_update_s": round(summary["ledger"]["wall_s"] - rollout_s, 1),
+        "evals": sum(r["kind"] == "eval" for r in recs), "final_heldout_reward": summary["final"]["heldout_reward"],
+        "ledger": summary["ledger"],
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""The code-synthesis domain: write a short Python function ``f`` from a
+one-line description and 1-2 examples.
+
+Problems come from the grammar in ``families.py`` (list/string/number
+templates grouped into families with unstated conventions) via the
+deterministic generator in ``generator.py``.  An episode is a single turn: the
+action is a program, which runs against 6-8 hidden tests in the isolated
+sandbox (``tasks/sandbox.py``).  Reward is 1 iff every test passes; on failure
+the feedback is the sandbox's account of the first failing test (input, output,
+expected) or the error/timeout, which is what SDPO-style teachers condition on.
+``step_batch`` sends a whole batch of programs through the sandbox pool at once,
+since that is the hot path during training.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Sequence
+
+from tasks.base import Episode, StepResult, Task, TaskDomain, Turn, register_domain
+from tasks.code.families import FAMILIES, TEMPLATES
+from tasks.code.generator import generate
+from tasks.sandbox import ExecResult, Sandbox, default_sandbox
+
+__all__ = ["CodeDomain", "CodeEpisode", "extract_program", "FAMILIES", "TEMPLATES"]
+
+_DEFAULT_SIZES = {"train": 5000, "test": 300}
+_FENCE = re.compile(r"```[a-zA-Z0-9_+-]*[ \t]*\n?(.*?)(?:```|\Z)", re.DOTALL)
+
+
+def extract_program(action: str) -> str:
+    """The program text of an action, without surrounding ``` fences."""
+    match = _FENCE.search(action)
+    return match.group(1) if match else action
+
+
+class CodeEpisode(Episode):
+    """One program, one sandboxed run of the hidden tests."""
+
+    def __init__(self, task: Task, domain: CodeDomain):
+        super().__init__(task)
+        self._domain = domain
+        self._result: ExecResult | None = None
+
+    def job(self, action: str) -> tuple:
+        return (extract_program(action), "f", self.task.payload["tests"])
+
+    def step(self, action: str) -> StepResult:
+        if self.done:
+            return StepResult(None, True)
+        return self.record(action, self._domain.sandbox().run_tests([self.job(action)])[0])
+
+    def record(self, action: str, result: ExecResult) -> StepResult:
+        """Finish the episode with the sandbox's verdict on ``action``."""
+        self._result = result
+        observation = f"all {result.total} tests passed" if result.ok else result.reason
+        self.turns.append(Turn(action, observation))
+        self.done = True
+        return StepResult(observation, True)
+
+    def reward(self) -> float:
+        return 1.0 if self._result is not None and self._result.ok else 0.0
+
+    def feedback(self) -> str:
+        if self._result is None:
+            return "no program submitted"
+        return "" if self._result.ok else self._result.reason
+
+    def expert_action(self) -> str:
+        return self.task.reference
+
+    def info(self) -> dict[str, Any]:
+        r = self._result
+        if r is None:
+            return {"passed": 0, "total": len(self.task.payload["tests"]), "reason": "not run"}
+        return {"passed": r.passed, "total": r.total, "reason": r.reason}
+
+
+@register_domain
+class CodeDomain(TaskDomain):
+    """Function synthesis with family conventions.  Options: ``workers``,
+    ``cpu_s``, ``wall_s``, ``mem_mb`` give this domain its own sandbox pool;
+    without them it shares the process-wide default sandbox."""
+
+    name = "code"
+    version = "code-v1"
+    system_prompt = "Write the Python function f. Reply with the code only."
+
+    def __init__(self, seed: int = 0, **options: Any):
+        super().__init__(seed, **options)
+        self._own_sandbox: Sandbox | None = None
+        self._cache: dict[str, list[Task]] = {}
+
+    def sandbox(self) -> Sandbox:
+        keys = ("workers", "cpu_s", "wall_s", "mem_mb")
+        if not any(k in self.options for k in keys):
+            return default_sandbox()
+        if self._own_sandbox is None:
+            self._own_sandbox = Sandbox(**{k: self.options[k] for k in keys if k in self.options})
+        return self._own_sandbox
+
+    def tasks(self, split: str, n: int | None = None) -> list[Task]:
+        if split not in _DEFAULT_SIZES:
+            raise ValueError(f"unknown split {split!r}; expected 'train' or 'test'")
+        n = _DEFAULT_SIZES[split] if n is None else n
+        if len(self._cache.get(split, ())) < n:
+            self._cache[split] = [self._task(split, i, t) for i, t in enumerate(generate(self.seed, split, n))]
+        return self._cache[split][:n]
+
+    def _task(self, split: str, i: int, t: dict) -> Task:
+        template = t["template"]
+        return Task(
+            task_id=f"code-{split}-{i:05d}",
+            domain=self.name,
+            split=split,
+            template_id=template.name,
+            group_id=template.family,
+            prompt=t["prompt"],
+            reference=t["reference"],
+            max_turns=1,
+            payload={"tests": t["tests"], "params": t["params"]},
+        )
+
+    def reset(self, task: Task) -> CodeEpisode:
+        return CodeEpisode(task, self)
+
+    def step_batch(self, episodes: Sequence[Episode], actions: Sequence[str]) -> list[StepResult]:
+        """Run every still-open episode's program through the sandbox pool at once."""
+        todo = [k for k, ep in enumerate(episodes) if not ep.done]
+        results = self.sandbox().run_tests([episodes[k].job(actions[k]) for k in todo])
+        out = [StepResult(None, True)] * len(episodes)
+        for k, result in zip(todo, results):
+            out[k] = episodes[k].record(actions[k], result)
+        return out
+
+    def close(self) -> None:
+        if self._own_sandbox is not None:
+            self._own_sandbox.close()
+            self._own_sandbox = None

@@ -1,0 +1,339 @@
+"""Tests of the tool-use domain: generation, splits, parsing, rules, rewards, expert."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tasks.base import get_domain, known_domains
+from tasks.tooluse import ToolUseDomain
+from tasks.tooluse import names
+from tasks.tooluse.generate import all_template_ids
+from tasks.tooluse.kinds import KINDS
+from tasks.tooluse.variants import N_TRAIN_VARIANTS, make_variant
+
+RULE_OPS = {"approve", "scan", "confirm", "inspect"}
+
+
+@pytest.fixture(scope="module")
+def domain() -> ToolUseDomain:
+    return get_domain("tooluse", seed=0)
+
+
+@pytest.fixture(scope="module")
+def train(domain):
+    return domain.tasks("train", 2000)
+
+
+@pytest.fixture(scope="module")
+def test(domain):
+    return domain.tasks("test")
+
+
+def _variant_index(task) -> int:
+    return int(task.group_id.rsplit("-", 1)[1])
+
+
+def _run(domain, task, actions):
+    ep = domain.reset(task)
+    for a in actions:
+        if ep.done:
+            break
+        ep.step(a)
+    return ep
+
+
+def _entity_names(task) -> set[str]:
+    state = task.payload["state"]
+    out = set(state["people"])
+    for e in state["ents"].values():
+        out.update(v for k, v in e.items() if k in ("owner", "label"))
+    return out
+
+
+# --------------------------------------------------------------------------- registry and sizes
+def test_registered():
+    assert "tooluse" in known_domains()
+    assert ToolUseDomain.version == "tooluse-v1"
+
+
+def test_default_split_sizes(domain):
+    assert len(domain.tasks("test")) == 300
+
+
+def test_counts_of_kinds_templates_tools_names():
+    assert len(KINDS) >= 4
+    assert len(all_template_ids()) >= 15
+    for kind in KINDS.values():
+        assert len(kind.templates) >= 3
+        assert 4 <= len(kind.ops) <= 8
+    assert len(names.words("train")) ** 2 >= 2000
+    assert not set(names.words("train")) & set(names.words("test"))
+
+
+def test_many_distinct_train_names(train):
+    assert len(set().union(*map(_entity_names, train))) >= 2000
+
+
+# --------------------------------------------------------------------------- the expert
+def test_expert_solves_every_template(domain, train, test):
+    by_template = defaultdict(int)
+    for task in train + test:
+        ep = domain.expert_trajectory(task)
+        assert ep.done and ep.reward() == 1.0, (task.prompt, task.reference, ep.turns)
+        assert ep.feedback() == ""
+        assert ep.info()["errors"] == 0 and ep.info()["repeated_calls"] == 0
+        assert "\n".join(t.action for t in ep.turns) == task.reference
+        by_template[task.template_id] += 1
+    assert set(by_template) == set(all_template_ids())
+    assert min(by_template.values()) >= 20
+
+
+def test_expert_on_test_only_variants(domain, test):
+    unseen = [t for t in test if _variant_index(t) >= N_TRAIN_VARIANTS]
+    assert {t.template_id.split("/")[0] for t in unseen} == set(KINDS)
+    assert all(domain.expert_trajectory(t).reward() == 1.0 for t in unseen)
+
+
+def test_expert_recovers_after_agent_errors(domain, train):
+    for task in train[:300]:
+        ep = _run(domain, task, ["garbage", task.reference.splitlines()[0]])
+        while not ep.done:
+            ep.step(ep.expert_action())
+        assert ep.reward() == 1.0, [(t.action, t.observation) for t in ep.turns]
+
+
+# --------------------------------------------------------------------------- splits
+def test_splits_deterministic(domain):
+    again = get_domain("tooluse", seed=0)
+    other = get_domain("tooluse", seed=1)
+    a, b, c = domain.tasks("train", 50), again.tasks("train", 50), other.tasks("train", 50)
+    assert a == b
+    assert [t.prompt for t in a] != [t.prompt for t in c]
+    assert domain.tasks("train", 10) == a[:10]
+
+
+def test_split_names_disjoint(train, test):
+    assert not set().union(*map(_entity_names, train)) & set().union(*map(_entity_names, test))
+
+
+def test_test_split_has_seen_and_unseen_variants(train, test):
+    seen_groups = {t.group_id for t in train}
+    unseen = [t for t in test if _variant_index(t) >= N_TRAIN_VARIANTS]
+    seen = [t for t in test if t.group_id in seen_groups]
+    assert 0.1 <= len(unseen) / len(test) <= 0.3
+    assert len(seen) + len(unseen) == len(test)
+    assert not {t.group_id for t in unseen} & seen_groups
+
+
+def test_task_fields(train, test):
+    ids = [t.task_id for t in train + test]
+    assert len(set(ids)) == len(ids)
+    for task in train + test:
+        lines = task.prompt.splitlines()
+        assert len(lines) == 3 and lines[0] == f"env: {task.group_id}" and lines[1].startswith("tools: ")
+        assert len(task.prompt) <= 300
+        assert task.reference.splitlines()[-1] == "done"
+        assert len(task.reference.splitlines()) <= task.max_turns <= 8
+
+
+def test_generation_is_fast():
+    import time
+
+    start = time.perf_counter()
+    get_domain("tooluse", seed=7).tasks("train", 5000)
+    assert time.perf_counter() - start < 2.0
+
+
+# --------------------------------------------------------------------------- parsing and errors
+@pytest.mark.parametrize(
+    "action",
+    ["", "   ", "hello world", "zzz_unknown(1)", "f(1", "f(1))", "((", "x" * 5000, "lookup(", "done now", "(1, 2)"],
+)
+def test_malformed_calls_give_errors(domain, train, action):
+    ep = domain.reset(train[0])
+    res = ep.step(action)
+    assert res.observation.startswith("error:") and len(res.observation) <= 60
+    assert ep.info()["errors"] == 1
+
+
+def test_arity_and_type_errors(domain, train):
+    for task in train[:100]:
+        ep = domain.reset(task)
+        variant = ep.variant
+        for op, params in variant.kind.ops.items():
+            tool = variant.tools[op]
+            obs = ep.env.call(f"{tool}({', '.join(['1'] * (len(params) + 1))})")
+            assert obs == f"error: {tool} takes {len(params)} args: {variant.signature(op)}"[:60]
+        assert ep.env.state == task.payload["state"]
+
+
+def test_bad_type_names_the_parameter(domain, train):
+    task = next(t for t in train if t.template_id == "inventory/restock")
+    ep = domain.reset(task)
+    first = ep.step(task.reference.splitlines()[0]).observation
+    tool = ep.variant.tools["add"]
+    order = ep.variant.orders["add"]
+    args = [first, "many"] if order == (0, 1) else ["many", first]
+    obs = ep.step(f"{tool}({', '.join(args)})").observation
+    assert obs == "error: n must be a number"
+
+
+def test_lenient_quotes_and_spaces(domain, train):
+    task = next(t for t in train if t.template_id == "bank/deposit_by_name")
+    ep = domain.reset(task)
+    lookup, deposit = task.reference.splitlines()[:2]
+    name = lookup[lookup.index("(") + 1 : -1]
+    ep.step(f'  {lookup.split("(")[0]} ( "{name}" )  ')
+    tool, args = deposit.split("(")
+    quoted = ", ".join(f"'{a.strip()}'" for a in args[:-1].split(","))
+    ep.step(f"{tool}({quoted})")
+    ep.step("done")
+    assert ep.reward() == 1.0
+
+
+def test_broken_rule_gives_error_and_keeps_state(domain, train):
+    checked = 0
+    for task in train:
+        plan = task.payload["plan"]
+        lines = task.reference.splitlines()
+        for k, (op, _) in enumerate(plan):
+            if op not in RULE_OPS:
+                continue
+            ep = _run(domain, task, lines[:k])
+            before = repr(ep.env.state)
+            obs = ep.step(lines[k + 1]).observation
+            assert obs.startswith("error:") and f"needs {lines[k]} first" in obs, (lines, obs)
+            assert repr(ep.env.state) == before
+            checked += 1
+            break
+    assert checked >= 500
+
+
+def test_cents_and_name_form_rules(domain, train):
+    cents = next(t for t in train if t.template_id == "bank/deposit_by_name" and make_variant(KINDS["bank"], _variant_index(t)).unit == 100)
+    lookup, deposit = cents.reference.splitlines()[:2]
+    dollars = re.sub(r"\b(\d+)00\b", r"\1", deposit)
+    ep = _run(domain, cents, [lookup])
+    assert ep.step(dollars).observation.startswith("error: amounts are in cents")
+    lower = next(
+        t
+        for t in train
+        if t.template_id == "bank/deposit_by_name"
+        and make_variant(KINDS["bank"], _variant_index(t)).rules["person_form"] == "lower"
+    )
+    tool = lower.reference.splitlines()[0].split("(")[0]
+    owner = re.search(r"of ([A-Z]\w+ [A-Z]\w+)\.", lower.prompt).group(1)
+    ep = domain.reset(lower)
+    assert ep.step(f"{tool}({owner})").observation == "error: names are written in lower case"
+    assert not ep.step(f"{tool}({owner.lower()})").observation.startswith("error:")
+
+
+def test_pending_confirmation_blocks_done(domain, train):
+    task = next(t for t in train if t.template_id == "calendar/book" and t.payload["plan"][-1][0] == "confirm")
+    lines = task.reference.splitlines()
+    ep = _run(domain, task, lines[:-2] + ["done"])
+    assert ep.turns[-1].observation == f"error: done needs {lines[-2]} first"
+    assert 0 < ep.reward() < 1 and "confirmed" in ep.feedback()
+
+
+# --------------------------------------------------------------------------- rewards
+def test_doing_nothing_scores_zero(domain, train, test):
+    for task in train[:500] + test:
+        ep = _run(domain, task, ["done"])
+        assert ep.done and ep.reward() == 0.0 and ep.feedback()
+
+
+def _partial_rewards(domain, task):
+    lines = task.reference.splitlines()
+    for k in range(len(lines)):
+        yield _run(domain, task, lines[:k] + ["done"]).reward()
+        for n in set(re.findall(r"(?<![\w-])\d+(?![\w-])", lines[k])):
+            for m in (int(n) + 1, int(n) - 1):
+                changed = re.sub(rf"(?<![\w-]){n}(?![\w-])", str(m), lines[k])
+                yield _run(domain, task, lines[:k] + [changed] + lines[k + 1 :]).reward()
+
+
+def test_partial_credit_on_multi_check_templates(domain, train):
+    multi = defaultdict(list)
+    for task in train:
+        if len(task.payload["checks"]) >= 2:
+            multi[task.template_id].append(task)
+    assert len(multi) >= 6
+    for tasks in multi.values():
+        for task in tasks[:5]:
+            rewards = list(_partial_rewards(domain, task))
+            assert all(0.0 <= r <= 1.0 for r in rewards)
+            assert any(0.0 < r < 1.0 for r in rewards), task.reference
+
+
+def test_info_counts(domain, train):
+    task = next(t for t in train if t.payload["plan"][0][0] in ("lookup", "find", "search"))
+    first = task.reference.splitlines()[0]
+    ep = _run(domain, task, [first, first, "nonsense"])
+    info = ep.info()
+    assert info["tool_calls"] == 3 and info["repeated_calls"] == 1 and info["errors"] == 1
+
+
+def test_episode_ends_at_max_turns(domain, train):
+    task = train[0]
+    ep = _run(domain, task, ["bogus()"] * 20)
+    assert ep.done and len(ep.turns) == task.max_turns
+    assert ep.step("done").done
+
+
+# --------------------------------------------------------------------------- hidden rules vary
+def test_variants_differ_within_kind(train):
+    by_template = defaultdict(dict)
+    for task in train:
+        by_template[task.template_id].setdefault(task.group_id, task)
+    for tasks in by_template.values():
+        groups = list(tasks.values())
+        assert len(groups) >= 2
+        a, b = groups[0], groups[1]
+        calls_a = [line.split("(")[0] for line in a.reference.splitlines()]
+        calls_b = [line.split("(")[0] for line in b.reference.splitlines()]
+        assert calls_a != calls_b or a.prompt.splitlines()[1] != b.prompt.splitlines()[1]
+    for kind in KINDS.values():
+        rules = {repr(sorted(make_variant(kind, i).rules.items())) for i in range(N_TRAIN_VARIANTS)}
+        assert len(rules) >= 8
+
+
+def test_same_variant_same_rules(domain, train):
+    """Experience transfers within a variant: tool names and rules are fixed per group."""
+    first = {}
+    for task in train:
+        line = task.prompt.splitlines()[1]
+        assert first.setdefault(task.group_id, line) == line
+
+
+# --------------------------------------------------------------------------- robustness
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(max_size=80), min_size=1, max_size=10), st.integers(0, 49))
+def test_random_actions_never_raise(domain, train, actions, which):
+    task = train[which]
+    ep = domain.reset(task)
+    for a in actions:
+        res = ep.step(a)
+        assert res.observation is None or len(res.observation) <= 60
+    assert 0.0 <= ep.reward() <= 1.0
+    assert isinstance(ep.feedback(), str) and isinstance(ep.expert_action(), str)
+
+
+_ARG = st.sampled_from(["1", "-3", "0", "A17", "#12", "x", '"a b"', "velk-lamp", "lamp velk", "99999999999", "", " "])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 49), st.lists(st.tuples(st.integers(0, 7), st.lists(_ARG, max_size=3)), max_size=8))
+def test_random_tool_calls_never_raise(domain, train, which, calls):
+    """Well-formed calls to the variant's own tools with hostile arguments."""
+    ep = domain.reset(train[which])
+    tools = list(ep.variant.tools.values())
+    for idx, args in calls:
+        obs = ep.step(f"{tools[idx % len(tools)]}({', '.join(args)})").observation
+        assert obs is None or len(obs) <= 60
+    assert 0.0 <= ep.reward() <= 1.0

@@ -28,7 +28,7 @@ class GRPOConfig(MethodConfig):
     clip_low: float = 0.2  # ε_lo
     clip_high: float = 0.2  # ε_hi
     norm_by_std: bool = True
-    drop_zero_variance: bool = True  # groups whose rewards are all equal carry no signal; leave them out of the token mean
+    drop_zero_variance: bool = True  # groups whose rewards are all equal carry no signal: skip them (no token-mean dilution, no compute)
     loss_agg: str = "token-mean"
 
     def __post_init__(self):
@@ -45,14 +45,13 @@ class GRPO(Method):
     Config = GRPOConfig
 
     def prepare(self, batch: RolloutBatch) -> dict[str, float]:
-        adv = grpo_outcome_advantage(batch.rewards, batch.group_index, norm_by_std=self.cfg.norm_by_std)
-        batch.extras["advantages"] = adv
-        mask = batch.loss_mask
-        if self.cfg.drop_zero_variance:
-            keep = _groups_with_variance(batch.rewards, batch.group_index)
-            mask = mask * keep[:, None].to(mask.dtype)
-        batch.extras["grpo_mask"] = mask
-        return {"zero_variance_share": float(1 - _groups_with_variance(batch.rewards, batch.group_index).float().mean())}
+        batch.extras["advantages"] = grpo_outcome_advantage(batch.rewards, batch.group_index, norm_by_std=self.cfg.norm_by_std)
+        varied = _groups_with_variance(batch.rewards, batch.group_index)
+        batch.extras["has_signal"] = varied if self.cfg.drop_zero_variance else torch.ones_like(varied)
+        return {"zero_variance_share": float(1 - varied.float().mean())}
+
+    def trainable_rows(self, batch: RolloutBatch) -> torch.Tensor:
+        return torch.nonzero(batch.extras["has_signal"]).flatten()
 
     def loss(self, batch, rows, logp, logits):
         width = logp.shape[1]
@@ -60,7 +59,7 @@ class GRPO(Method):
             logp,
             rows_of(batch.extras["old_logp"], rows, width),
             batch.extras["advantages"][rows],
-            rows_of(batch.extras["grpo_mask"], rows, width),
+            rows_of(batch.loss_mask, rows, width),
             clip_low=self.cfg.clip_low,
             clip_high=self.cfg.clip_high,
             agg=self.cfg.loss_agg,

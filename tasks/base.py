@@ -123,6 +123,12 @@ class TaskDomain(abc.ABC):
         self.seed = seed
         self.options = options
 
+    def system_message(self) -> str:
+        """The system message episodes start with; the option ``system_prompt: false``
+        drops it (the small profile does: a constant prefix teaches a tiny model
+        nothing and costs a quarter of every sequence)."""
+        return self.system_prompt if self.options.get("system_prompt", True) else ""
+
     @abc.abstractmethod
     def tasks(self, split: str, n: int | None = None) -> list[Task]:
         """The first ``n`` tasks of ``split`` ("train" or "test"), deterministic in

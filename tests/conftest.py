@@ -86,4 +86,4 @@ def varied_reward_domain(inner):
         def close(self):
             inner.close()
 
-    return Varied(seed=inner.seed)
+    return Varied(seed=inner.seed, **inner.options)

@@ -1,14 +1,15 @@
-"""The code domain: generation, splits, conventions and sandboxed scoring."""
+"""The code domain: generation, splits, projects, conventions and sandboxed scoring."""
 
 from __future__ import annotations
 
 import re
 import time
+from collections import defaultdict
 
 import pytest
 
 from tasks.base import get_domain
-from tasks.code import FAMILIES, TEMPLATES, CodeDomain, extract_program
+from tasks.code import CONVENTIONS, PROJECTS, TEMPLATES, CodeDomain, extract_program, project_templates
 
 N_TRAIN = 400
 
@@ -38,9 +39,18 @@ def run_programs(domain, tasks, programs):
 
 def test_registered_and_sized():
     d = get_domain("code", seed=0)
-    assert d.version == "code-v1" and isinstance(d, CodeDomain)
-    assert len(TEMPLATES) >= 20 and 8 <= len(FAMILIES) <= 16
-    assert {t.family for t in TEMPLATES} == set(FAMILIES)
+    assert d.version == "code-v2" and isinstance(d, CodeDomain)
+    assert len(TEMPLATES) >= 20 and 8 <= len(CONVENTIONS) <= 16
+    seen = [p for p in PROJECTS if not p.test_only]
+    new = [p for p in PROJECTS if p.test_only]
+    assert len(seen) >= 50 and len(new) >= 10 and len({p.id for p in PROJECTS}) == len(PROJECTS)
+    for projects in (seen, new):  # every convention occurs in both kinds of project
+        assert {c for p in projects for c in p.conventions} == set(CONVENTIONS)
+    assert any(len(p.conventions) == 2 for p in seen) and any(len(p.conventions) == 2 for p in new)
+    assert all(len(project_templates(p)) >= 4 for p in PROJECTS)
+    # every template is used by several projects with different conventions
+    users = {t.name: {p.conventions for p in PROJECTS if t in project_templates(p)} for t in TEMPLATES}
+    assert all(len(u) >= 3 for u in users.values()), users
 
 
 def test_default_sizes_and_speed():
@@ -61,17 +71,20 @@ def test_splits_deterministic_prefix_and_disjoint(domain, train, test_split):
     assert not train_all & {t.prompt for t in test_split}
     templates = {t.name for t in TEMPLATES}
     assert {t.template_id for t in train} == templates == {t.template_id for t in test_split}
-    assert {t.group_id for t in test_split} == set(FAMILIES)
+    assert {t.group_id for t in train} == {p.id for p in PROJECTS if not p.test_only}
 
 
 def test_task_shape(train, test_split):
     for t in train + test_split:
-        assert len(t.prompt) < 300 and "\ndef f(" in t.prompt and " == " in t.prompt
+        assert len(t.prompt) <= 230 and "\ndef f(" in t.prompt and " == " in t.prompt
+        assert t.prompt.split("\n")[0] == f"project: {t.group_id}"
         lines = t.reference.rstrip("\n").split("\n")
         assert lines[0].startswith("def f(") and 2 <= len(lines) <= 4
         assert all(line.startswith("    ") for line in lines[1:])
         assert 5 <= len(t.payload["tests"]) <= 10 and t.max_turns == 1
-        assert t.group_id == next(x.family for x in TEMPLATES if x.name == t.template_id)
+        project = next(p for p in PROJECTS if p.id == t.group_id)
+        assert t.payload["conventions"] and set(t.payload["conventions"]) <= set(project.conventions)
+        assert project.test_only == t.payload["test_only_project"] and (t.split == "test" or not project.test_only)
 
 
 def test_expert_passes_everything(domain, train, test_split):
@@ -104,7 +117,7 @@ def test_fences_are_stripped(domain, train):
     assert extract_program("def f(x): pass") == "def f(x): pass"
 
 
-# A tiny convention-free variant of a reference, per family.
+# A tiny convention-free variant of a reference, per convention.
 _DROP_LINE = {
     "lower": r"\n    s = s\.lower\(\)",
     "strip": r"\n    s = s\.strip\(\)",
@@ -122,22 +135,85 @@ _UNWRAP = {
 }
 
 
-def convention_free(task) -> str:
-    family = task.group_id
-    if family in _DROP_LINE:
-        program, n = re.subn(_DROP_LINE[family], "", task.reference)
+def drop_convention(program: str, convention: str) -> str:
+    if convention in _DROP_LINE:
+        out, n = re.subn(_DROP_LINE[convention], "", program)
     else:
-        program, n = re.subn(r"return " + _UNWRAP[family] + r"\n", r"return \1\n", task.reference)
-    assert n == 1, (family, task.reference)
+        out, n = re.subn(r"return " + _UNWRAP[convention] + r"\n", r"return \1\n", program)
+    assert n == 1, (convention, program)
+    return out
+
+
+def convention_free(task) -> str:
+    program = task.reference
+    for convention in task.payload["conventions"]:
+        program = drop_convention(program, convention)
     return program
 
 
 def test_conventions_matter(domain, train, test_split):
-    assert set(_DROP_LINE) | set(_UNWRAP) == set(FAMILIES)
+    assert set(_DROP_LINE) | set(_UNWRAP) == set(CONVENTIONS)
     tasks = train[:200] + test_split[:100]
     episodes = run_programs(domain, tasks, [convention_free(t) for t in tasks])
     assert all(ep.reward() == 0.0 for ep in episodes), [ep.task.reference for ep in episodes if ep.reward()][:3]
-    assert {ep.task.group_id for ep in episodes} == set(FAMILIES)
+    assert {c for ep in episodes for c in ep.task.payload["conventions"]} == set(CONVENTIONS)
+
+
+def test_each_of_two_conventions_matters(domain):
+    """Where a project's two conventions both act, knowing only one of them fails."""
+    tasks = [t for t in domain.tasks("train", 1500) if len(t.payload["conventions"]) == 2][:60]
+    assert len(tasks) >= 40
+    for k in range(2):
+        programs = [drop_convention(t.reference, t.payload["conventions"][k]) for t in tasks]
+        episodes = run_programs(domain, tasks, programs)
+        assert all(ep.reward() == 0.0 for ep in episodes), [ep.task.reference for ep in episodes if ep.reward()][:3]
+
+
+def test_convention_is_not_a_function_of_the_template(train, domain):
+    """The same template -- even the same template and constants -- appears in
+    different projects with different conventions and different references."""
+    tasks = domain.tasks("train")
+    convs_of, refs_of = defaultdict(set), defaultdict(set)
+    for t in tasks:
+        convs_of[t.template_id].add(t.payload["conventions"])
+        refs_of[(t.template_id, tuple(sorted(t.payload["params"].items())))].add(t.reference)
+    assert all(len(c) >= 2 for c in convs_of.values()), convs_of
+    assert sum(len(r) >= 2 for r in refs_of.values()) >= 0.7 * len(refs_of)
+    # and a project's convention is not a function of the template either: per
+    # template, the most common convention set covers well under half its tasks
+    count = defaultdict(lambda: defaultdict(int))
+    for t in tasks:
+        count[t.template_id][t.payload["conventions"]] += 1
+    top = sum(max(c.values()) for c in count.values()) / len(tasks)
+    assert top < 0.5, top
+
+
+def test_every_project_needs_its_convention(domain, train, test_split):
+    """A convention-free program fails (almost) every task of every project."""
+    tasks = domain.tasks("train", 600) + test_split
+    episodes = run_programs(domain, tasks, [convention_free(t) for t in tasks])
+    by_project = defaultdict(list)
+    for ep in episodes:
+        by_project[ep.task.group_id].append(ep.reward())
+    assert set(by_project) == {p.id for p in PROJECTS}
+    for project, rewards in by_project.items():
+        assert len(rewards) >= 4 and sum(rewards) / len(rewards) <= 0.1, (project, rewards)
+
+
+def test_test_split_has_seen_and_unseen_projects(domain, test_split):
+    train_projects = {t.group_id for t in domain.tasks("train")}
+    test_only = {p.id for p in PROJECTS if p.test_only}
+    assert not train_projects & test_only
+    unseen = [t for t in test_split if t.group_id in test_only]
+    assert 0.15 <= len(unseen) / len(test_split) <= 0.25
+    assert {t.group_id for t in unseen} == test_only
+    assert {t.group_id for t in test_split if t.group_id not in test_only} == train_projects
+    # unseen tasks on seen projects: no (template, constants, project) of a templated test task is in train
+    seen_keys = {(t.group_id, t.template_id, tuple(sorted(t.payload["params"].items()))) for t in domain.tasks("train")}
+    templated = [t for t in test_split if t.payload["params"] and t.group_id in train_projects]
+    assert templated and not any(
+        (t.group_id, t.template_id, tuple(sorted(t.payload["params"].items()))) in seen_keys for t in templated
+    )
 
 
 def test_visible_examples_hide_the_convention(domain, train):
@@ -145,7 +221,7 @@ def test_visible_examples_hide_the_convention(domain, train):
     for task in train[:200]:
         namespace: dict = {}
         exec(convention_free(task), namespace)
-        for line in task.prompt.split("\n")[2:]:
+        for line in task.prompt.split("\n")[3:]:
             call, expected = line.split(" == ")
             assert eval(call, {"f": namespace["f"]}) == eval(expected), (task.prompt, task.reference)
 

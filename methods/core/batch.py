@@ -27,6 +27,7 @@ class RolloutBatch:
     loss_mask: torch.Tensor
     rewards: torch.Tensor
     group_index: torch.Tensor
+    sample_logp: torch.Tensor  # [N, T-1] sampling-time log-prob of each agent token (0 elsewhere)
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -39,11 +40,14 @@ def collate(rollouts: Sequence[Rollout], group_index: Sequence[int], pad_id: int
     ids = torch.full((n, width), pad_id, dtype=torch.long)
     attn = torch.zeros((n, width), dtype=torch.long)
     agent = torch.zeros((n, width), dtype=torch.float32)
+    slp = torch.zeros((n, width), dtype=torch.float32)
     for i, r in enumerate(rollouts):
         L = len(r.ids)
         ids[i, :L] = torch.tensor(r.ids)
         attn[i, :L] = 1
         agent[i, :L] = torch.tensor(r.agent_mask, dtype=torch.float32)
+        if r.agent_logprobs:
+            slp[i, :L][agent[i, :L].bool()] = torch.tensor(r.agent_logprobs, dtype=torch.float32)
     return RolloutBatch(
         rollouts=list(rollouts),
         input_ids=ids.to(device),
@@ -51,6 +55,7 @@ def collate(rollouts: Sequence[Rollout], group_index: Sequence[int], pad_id: int
         loss_mask=agent[:, 1:].to(device),
         rewards=torch.tensor([r.reward for r in rollouts], dtype=torch.float32, device=device),
         group_index=torch.tensor(list(group_index), dtype=torch.long, device=device),
+        sample_logp=slp[:, 1:].to(device),
     )
 
 

@@ -56,6 +56,7 @@ class TrainConfig:
     eval_episodes: int = 200
     eval_temperature: float = 0.0  # 0: greedy evaluation
     checkpoint_every: int = 5  # steps
+    recompute_old_logp: bool = False  # True: PPO's old log-probs from a training-mode forward instead of the sampler's
 
     def __post_init__(self):
         positive = ["rollout_budget", "rollouts_per_step", "ppo_epochs", "minibatch_rollouts", "max_new_tokens", "max_seq_len", "eval_every", "eval_episodes", "checkpoint_every"]
@@ -265,17 +266,25 @@ def train(method: Method, run: RunContext, out_dir: Path, label: str = "") -> di
 
 
 def _update(method: Method, model, optimizer, batch: RolloutBatch, cfg: TrainConfig) -> dict[str, float]:
-    """PPO-style epochs over minibatches; old log-probs are taken once before the first step."""
-    with torch.no_grad():
-        old_logp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask)
-    batch.extras["old_logp"] = old_logp
+    """PPO-style epochs over minibatches from the same old log-probs.
+
+    The sampler already computed π_old of every sampled token, so by default no
+    extra forward pass is spent (on fp32 CPU the two agree to ~1e-6; set
+    ``recompute_old_logp`` where inference and training kernels differ, e.g. bf16).
+    """
+    if cfg.recompute_old_logp:
+        with torch.no_grad():
+            old_logp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask)
+        batch.extras["old_logp"] = old_logp * batch.loss_mask
+    else:
+        batch.extras["old_logp"] = batch.sample_logp
     sums: dict[str, float] = dict(method.prepare(batch))
     agg: dict[str, float] = {}
     n_updates = 0
-    N = len(batch)
+    active = method.trainable_rows(batch)
     for _ in range(cfg.ppo_epochs):
-        for start in range(0, N, cfg.minibatch_rollouts):
-            rows = torch.arange(start, min(start + cfg.minibatch_rollouts, N), device=batch.input_ids.device)
+        for start in range(0, len(active), cfg.minibatch_rollouts):
+            rows = active[start : start + cfg.minibatch_rollouts]
             ids, attn = batch.input_ids[rows], batch.attention_mask[rows]
             width = int(attn.sum(-1).max())  # trim right padding of this minibatch
             logp, logits = token_logprobs(model, ids[:, :width], attn[:, :width])
@@ -289,6 +298,8 @@ def _update(method: Method, model, optimizer, batch: RolloutBatch, cfg: TrainCon
                 agg[k] = agg.get(k, 0.0) + float(v)
             n_updates += 1
     sums.update({k: v / max(n_updates, 1) for k, v in agg.items()})
+    sums.setdefault("loss", 0.0)
+    sums.update({"updates": n_updates, "trained_rollouts": len(active)})
     return sums
 
 

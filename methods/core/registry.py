@@ -67,6 +67,15 @@ class Method:
         """Precompute per-batch quantities (advantages, teacher scores) without gradients."""
         return {}
 
+    def trainable_rows(self, batch: "RolloutBatch") -> "torch.Tensor":
+        """Indices of the rollouts that carry a learning signal this step (default: all).
+
+        Rows left out cost no forward/backward pass, and a step with no rows
+        takes no optimizer step (Adam would otherwise move on momentum alone)."""
+        import torch
+
+        return torch.arange(len(batch), device=batch.input_ids.device)
+
     def loss(self, batch: "RolloutBatch", rows: "torch.Tensor", logp: "torch.Tensor", logits: "torch.Tensor") -> tuple["torch.Tensor", dict[str, float]]:
         """Loss on the minibatch ``rows`` of ``batch``.
 

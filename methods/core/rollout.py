@@ -31,6 +31,7 @@ class Rollout:
     context: str | None  # context block the *student* saw (None for most methods)
     ids: list[int]
     agent_mask: list[int]  # 1 on tokens the agent generated
+    agent_logprobs: list[float]  # sampling-time log-prob of each agent token, in order
     reward: float
     feedback: str
     episode: Episode = field(repr=False)
@@ -77,8 +78,13 @@ def sample(
     max_new_tokens: int,
     temperature: float = 1.0,
     generator: torch.Generator | None = None,
-) -> list[list[int]]:
+    return_logprobs: bool = False,
+):
     """Sample one continuation per prompt; each ends with ``eos_id`` unless cut at ``max_new_tokens``.
+
+    With ``return_logprobs`` also returns, per continuation, the policy's
+    (untempered) log-probability of each sampled token: PPO's "old" log-probs,
+    which then need no second forward pass.
 
     Shapes: prompts are ragged lists; internally [B, T] left-padded with an
     attention mask and explicit position ids so that padding never shifts RoPE.
@@ -93,12 +99,15 @@ def sample(
     B = len(prompts)
     done = torch.zeros(B, dtype=torch.bool, device=device)
     steps: list[torch.Tensor] = []
+    step_logp: list[torch.Tensor] = []
     for _ in range(max_new_tokens):
         if temperature == 0:
             tok = logits.argmax(-1)
         else:
             probs = torch.softmax(logits.float() / temperature, dim=-1)
             tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        if return_logprobs:
+            step_logp.append(torch.log_softmax(logits.float(), dim=-1).gather(-1, tok[:, None]).squeeze(-1))
         tok = torch.where(done, torch.full_like(tok, pad_id), tok)
         steps.append(tok)
         done |= tok == eos_id
@@ -109,14 +118,15 @@ def sample(
         logits = out.logits[:, -1, :]
         next_pos = next_pos + 1
     gen = torch.stack(steps, dim=1).tolist()
-    result = []
-    for row in gen:
-        if eos_id in row:
-            row = row[: row.index(eos_id) + 1]
-        else:
-            row = [t for t in row if t != pad_id]
-        result.append(row)
-    return result
+    lps = torch.stack(step_logp, dim=1).tolist() if return_logprobs else None
+    result, result_lp = [], []
+    for i, row in enumerate(gen):
+        # rows are pad-filled only after their eos, so the kept prefix is contiguous
+        n = row.index(eos_id) + 1 if eos_id in row else len(row)
+        result.append(row[:n])
+        if lps is not None:
+            result_lp.append(lps[i][:n])
+    return (result, result_lp) if return_logprobs else result
 
 
 def run_episodes(
@@ -139,8 +149,8 @@ def run_episodes(
 
 def _initial_ids(encoder: ChatEncoder, domain: TaskDomain, task: Task, context: str | None) -> list[int]:
     messages = []
-    if domain.system_prompt:
-        messages.append(("system", domain.system_prompt))
+    if domain.system_message():
+        messages.append(("system", domain.system_message()))
     messages.append(("user", render_user_message(task, context)))
     return encoder.prompt(messages)
 
@@ -149,11 +159,12 @@ def _run_chunk(model, encoder, domain, tasks, contexts, cfg, generator) -> list[
     episodes = [domain.reset(t) for t in tasks]
     ids = [_initial_ids(encoder, domain, t, c) for t, c in zip(tasks, contexts)]
     masks = [[0] * len(x) for x in ids]
+    logps: list[list[float]] = [[] for _ in ids]
     truncated = [False] * len(tasks)
     active = [i for i, ep in enumerate(episodes) if not ep.done]
     while active:
         room = [cfg.max_seq_len - len(ids[i]) for i in active]
-        gens = sample(
+        gens, gen_lp = sample(
             model,
             [ids[i] for i in active],
             encoder.eos_id,
@@ -161,10 +172,12 @@ def _run_chunk(model, encoder, domain, tasks, contexts, cfg, generator) -> list[
             max_new_tokens=max(1, min(cfg.max_new_tokens, max(room))),
             temperature=cfg.temperature,
             generator=generator,
+            return_logprobs=True,
         )
         actions = []
-        for i, g, r in zip(active, gens, room):
+        for i, g, lp, r in zip(active, gens, gen_lp, room):
             g = g[: max(r, 0)]
+            logps[i] += lp[: len(g)]
             ids[i] += g
             masks[i] += [1] * len(g)
             actions.append(encoder.decode(g))
@@ -187,7 +200,7 @@ def _run_chunk(model, encoder, domain, tasks, contexts, cfg, generator) -> list[
             still.append(i)
         active = still
     return [
-        Rollout(task=t, context=c, ids=ids[i], agent_mask=masks[i], reward=float(ep.reward()), feedback=ep.feedback(), episode=ep, truncated=truncated[i])
+        Rollout(task=t, context=c, ids=ids[i], agent_mask=masks[i], agent_logprobs=logps[i], reward=float(ep.reward()), feedback=ep.feedback(), episode=ep, truncated=truncated[i])
         for i, (t, c, ep) in enumerate(zip(tasks, contexts, episodes))
     ]
 

@@ -187,7 +187,7 @@ def warm_start(domain: TaskDomain, model_cfg: ModelConfig, cfg: WarmStartConfig,
         raise RuntimeError(f"the scripted expert failed {len(bad)} training tasks, e.g. {bad[:3]}")
     t_demo = time.perf_counter() - t0
     # The tokenizer sees the rendered demonstrations (with and without context blocks).
-    corpus = [format_trace(e.task, e.turns) for e in episodes] + [domain.system_prompt, "user assistant tool system context: task:"]
+    corpus = [format_trace(e.task, e.turns) for e in episodes] + [domain.system_message(), "user assistant tool system context: task:"]
     tokenizer = train_tokenizer(corpus, vocab_size=cfg.vocab_size)
     encoder = ChatEncoder(tokenizer)
     examples, by_group = build_examples(domain, encoder, episodes, cfg, rng)

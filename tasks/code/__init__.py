@@ -1,9 +1,13 @@
 """The code-synthesis domain: write a short Python function ``f`` from a
-one-line description and 1-2 examples.
+one-line description and 1-2 examples, for a named project.
 
 Problems come from the grammar in ``families.py`` (list/string/number
-templates grouped into families with unstated conventions) via the
-deterministic generator in ``generator.py``.  An episode is a single turn: the
+templates, and projects that each carry one or two unstated conventions,
+independent of the template) via the deterministic generator in
+``generator.py``.  The prompt's first line names the project
+(``project: p-17``); ``Task.group_id`` is the project id, so experience from
+the same project carries what the task line lacks: the project's convention.
+Some projects appear only in the test split.  An episode is a single turn: the
 action is a program, which runs against 6-8 hidden tests in the isolated
 sandbox (``tasks/sandbox.py``).  Reward is 1 iff every test passes; on failure
 the feedback is the sandbox's account of the first failing test (input, output,
@@ -18,11 +22,20 @@ import re
 from typing import Any, Sequence
 
 from tasks.base import Episode, StepResult, Task, TaskDomain, Turn, register_domain
-from tasks.code.families import FAMILIES, TEMPLATES
-from tasks.code.generator import generate
+from tasks.code.families import CONVENTIONS, PROJECTS, TEMPLATES
+from tasks.code.generator import applied_conventions, generate, project_templates
 from tasks.sandbox import ExecResult, Sandbox, default_sandbox
 
-__all__ = ["CodeDomain", "CodeEpisode", "extract_program", "FAMILIES", "TEMPLATES"]
+__all__ = [
+    "CodeDomain",
+    "CodeEpisode",
+    "extract_program",
+    "CONVENTIONS",
+    "PROJECTS",
+    "TEMPLATES",
+    "applied_conventions",
+    "project_templates",
+]
 
 _DEFAULT_SIZES = {"train": 5000, "test": 300}
 _FENCE = re.compile(r"```[a-zA-Z0-9_+-]*[ \t]*\n?(.*?)(?:```|\Z)", re.DOTALL)
@@ -78,12 +91,12 @@ class CodeEpisode(Episode):
 
 @register_domain
 class CodeDomain(TaskDomain):
-    """Function synthesis with family conventions.  Options: ``workers``,
+    """Function synthesis with per-project hidden conventions.  Options: ``workers``,
     ``cpu_s``, ``wall_s``, ``mem_mb`` give this domain its own sandbox pool;
     without them it shares the process-wide default sandbox."""
 
     name = "code"
-    version = "code-v1"
+    version = "code-v2"
     system_prompt = "Write the Python function f. Reply with the code only."
 
     def __init__(self, seed: int = 0, **options: Any):
@@ -108,17 +121,21 @@ class CodeDomain(TaskDomain):
         return self._cache[split][:n]
 
     def _task(self, split: str, i: int, t: dict) -> Task:
-        template = t["template"]
         return Task(
             task_id=f"code-{split}-{i:05d}",
             domain=self.name,
             split=split,
-            template_id=template.name,
-            group_id=template.family,
+            template_id=t["template"].name,
+            group_id=t["project"].id,
             prompt=t["prompt"],
             reference=t["reference"],
             max_turns=1,
-            payload={"tests": t["tests"], "params": t["params"]},
+            payload={
+                "tests": t["tests"],
+                "params": t["params"],
+                "conventions": t["conventions"],
+                "test_only_project": t["project"].test_only,
+            },
         )
 
     def reset(self, task: Task) -> CodeEpisode:

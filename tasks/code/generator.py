@@ -1,39 +1,48 @@
 """Deterministic generation of code tasks from the grammar in ``families.py``.
 
-For one (template, constants) choice the generator
+A task is (project, template, constants).  For one such choice the generator
 
-* runs the reference and the convention-free reference in-process (both are
-  our own trusted code) to pick 1-2 *visible* examples on which the two agree,
-  so the prompt does not give the convention away;
-* picks 6-8 *hidden* tests from edge cases and wide random inputs, at least
-  one of which the convention-free program gets wrong, so the convention matters.
+* applies the project's conventions that matter for the template
+  (:func:`applied_conventions`) to get the reference program, and compares it
+  with its *variants*: the convention-free program and, for two conventions,
+  the program with only one of them;
+* runs them in-process (all are our own trusted code) to pick 1-2 *visible*
+  examples on which they all agree, so the prompt does not give the
+  conventions away;
+* picks 6-8 *hidden* tests from edge cases and wide random inputs, such that
+  every variant gets at least one wrong, so each convention matters.
 
-Splits: templates with constants reserve ~20% of their constant combinations
-for test (by a stable hash); constant-free templates put a task in test iff the
-hash of its prompt says so.  So no test prompt can occur in train.  The task
-stream is sequential from one seeded ``random.Random`` per (seed, split), with
-templates dealt in shuffled rounds, so ``tasks(split, n)`` is a prefix of the
-longer stream and every template appears once per round.
+Splits: train tasks come from the train projects; test tasks are 4/5 unseen
+tasks on train projects and 1/5 tasks on test-only projects.  On train
+projects, templates with constants reserve ~20% of their constant
+combinations for test (by a stable hash) and constant-free templates put a
+task in test iff the hash of its prompt says so; so no test prompt can occur
+in train.  The stream is sequential from one seeded ``random.Random`` per
+(seed, split): projects are dealt in shuffled rounds (so every project gets
+its share), each project deals its templates in shuffled rounds, and
+``tasks(split, n)`` is a prefix of the longer stream.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import random
 from typing import Callable
 
-from tasks.code.families import TEMPLATES, Template, render_reference
+from tasks.code.families import CONVENTIONS, PROJECTS, TEMPLATES, Project, Template, render_reference
 
-__all__ = ["generate", "split_of_prompt"]
+__all__ = ["generate", "split_of_prompt", "applied_conventions", "project_templates"]
 
-_MISSING = object()  # the convention-free program raised
+_MISSING = object()  # a program raised
 _EDGES = {
     "xs": ([], [0], [-5], [7, 7, 7], [0, 3, 0, -2], [4, 0, 9], [-4, 9, -4], list(range(-4, 16))),
     "s": ("", " a ", "AB ab", "  ", "Hi  there ", "abcdefgh hgfedcba " * 3),
     "n": (0, -7, -305),
 }
 _LETTERS = "abcdefgh"
+_TEST_ONLY_EVERY = 5  # every 5th test task is on a test-only project
 
 
 def _stable_hash(text: str) -> int:
@@ -88,47 +97,127 @@ def _word(rng: random.Random, lower: bool) -> str:
     return word if lower else "".join(c.upper() if rng.random() < 0.5 else c for c in word)
 
 
+@functools.lru_cache(maxsize=None)
+def _probes(arg: str) -> tuple:
+    """Fixed inputs used to decide whether a convention matters (pure, so caching is safe)."""
+    rng = random.Random(f"code-v2:probes:{arg}")
+    return tuple(_EDGES[arg]) + tuple(_wide_input(rng, arg) for _ in range(60))
+
+
+# --------------------------------------------------------------------------- conventions
+def _key(params: dict) -> tuple:
+    return tuple(sorted(params.items()))
+
+
+def _variant_sets(convs: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """The convention sets a solver could wrongly use: every proper subset of ``convs``."""
+    return [subset for r in range(len(convs)) for subset in itertools.combinations(convs, r)]
+
+
+@functools.lru_cache(maxsize=None)
+def _programs(template: Template, key: tuple, convs: tuple[str, ...]) -> tuple[str, Callable, tuple]:
+    params = dict(key)
+    reference = render_reference(template, params, convs)
+    variants = tuple(_compile(render_reference(template, params, v)) for v in _variant_sets(convs))
+    return reference, _compile(reference), variants
+
+
+@functools.lru_cache(maxsize=None)
+def _matters(template: Template, key: tuple, convs: tuple[str, ...]) -> bool:
+    """Whether every variant of the program gets some probe input wrong."""
+    if not convs:
+        return False
+    _, ref, variants = _programs(template, key, convs)
+    todo = set(range(len(variants)))
+    for x in _probes(template.arg):
+        y = _call(ref, x)
+        if y is _MISSING:
+            continue
+        todo -= {i for i in todo if _call(variants[i], x) != y}
+        if not todo:
+            return True
+    return False
+
+
+def _same(template: Template, key: tuple, a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    fa, fb = _programs(template, key, a)[1], _programs(template, key, b)[1]
+    return all(_call(fa, x) == _call(fb, x) for x in _probes(template.arg))
+
+
+@functools.lru_cache(maxsize=None)
+def applied_conventions(template: Template, project_convs: tuple[str, ...]) -> tuple[str, ...]:
+    """The project's conventions as they act on ``template``: those whose types fit
+    and whose effect shows (``()`` if none does: the project never uses the
+    template).  When one convention masks the other (sorting the input, then
+    sorting the result), only the one that decides the result is kept."""
+    fits = tuple(c for c in project_convs if CONVENTIONS[c].fits(template))
+    combos = [_key(c) for c in template.combos()]
+    if any(_matters(template, k, fits) for k in combos):
+        return fits
+    for c in fits if len(fits) > 1 else ():
+        if any(_matters(template, k, (c,)) and _same(template, k, fits, (c,)) for k in combos):
+            return (c,)
+    return ()
+
+
+@functools.lru_cache(maxsize=None)
+def project_templates(project: Project) -> tuple[Template, ...]:
+    """The templates ``project`` uses: those where at least one of its conventions matters."""
+    return tuple(t for t in TEMPLATES if applied_conventions(t, project.conventions))
+
+
 # --------------------------------------------------------------------------- examples and tests
-def _visible_examples(rng, template: Template, ref: Callable, plain: Callable) -> list[tuple]:
+def _visible_examples(rng, template: Template, ref: Callable, variants: tuple) -> list[tuple]:
     examples: list[tuple] = []
     for _ in range(200):
         x = _visible_input(rng, template.arg)
         y = _call(ref, x)
-        if y is not _MISSING and _call(plain, x) == y and all(x != e for e, _ in examples):
-            examples.append((x, y))
-            if len(examples) == 2 or (len(examples) == 1 and rng.random() < 0.3):
-                break
+        if y is _MISSING or any(x == e for e, _ in examples) or any(_call(v, x) != y for v in variants):
+            continue
+        examples.append((x, y))
+        if len(examples) == 2 or (len(examples) == 1 and rng.random() < 0.3):
+            break
     return examples
 
 
-def _hidden_tests(rng, template: Template, ref: Callable, plain: Callable) -> list[tuple]:
-    """6-8 (input, expected) pairs; 1-3 of them break the convention-free program."""
+def _hidden_tests(rng, template: Template, ref: Callable, variants: tuple) -> list[tuple] | None:
+    """6-8 (input, expected) pairs; 1-3 of them expose a convention, and every
+    variant fails at least one.  None if some variant cannot be exposed."""
     edges = list(_EDGES[template.arg])
     rng.shuffle(edges)
     exposing, others, seen = [], [], set()
+    covered: set[int] = set()
     for k in range(400):
         x = edges[k] if k < len(edges) else _wide_input(rng, template.arg)
         y = _call(ref, x)
         if y is _MISSING or repr(x) in seen:
             continue
         seen.add(repr(x))
-        (exposing if _call(plain, x) != y else others).append((x, y))
-        if k >= 40 and exposing and len(exposing) + len(others) >= 10:
+        breaks = frozenset(i for i, v in enumerate(variants) if _call(v, x) != y)
+        covered |= breaks
+        (exposing if breaks else others).append((x, y, breaks))
+        if k >= 30 and len(covered) == len(variants) and len(exposing) + len(others) >= 10:
             break
-    if not exposing:
-        raise RuntimeError(f"template {template.name}: no hidden test exposes the convention")
+    if len(covered) < len(variants):
+        return None
     rng.shuffle(others)
     total, n_exposing = rng.randint(6, 8), rng.randint(1, 3)
-    tests = exposing[:n_exposing]
+    tests, hit = [], set()
+    for test in exposing:  # first cover every variant, in discovery order
+        if not test[2] <= hit:
+            tests.append(test)
+            hit |= test[2]
+    rest = [t for t in exposing if t not in tests]
+    tests += rest[: max(0, n_exposing - len(tests))]
     tests += others[: total - len(tests)]
-    tests += exposing[n_exposing : n_exposing + total - len(tests)]
+    tests += [t for t in rest if t not in tests][: total - len(tests)]
     rng.shuffle(tests)
-    return tests
+    return [(x, y) for x, y, _ in tests]
 
 
 # --------------------------------------------------------------------------- prompts and splits
-def _prompt(template: Template, params: dict, examples: list[tuple]) -> str:
-    lines = [template.text.format(**params), f"def f({template.arg}):"]
+def _prompt(project: Project, template: Template, params: dict, examples: list[tuple]) -> str:
+    lines = [f"project: {project.id}", template.text.format(**params), f"def f({template.arg}):"]
     lines += [f"f({x!r}) == {y!r}" for x, y in examples]
     return "\n".join(lines)
 
@@ -141,47 +230,63 @@ def split_of_prompt(prompt: str) -> str:
 def _combos_by_split(template: Template) -> dict[str, list[dict]]:
     combos = template.combos()
     if len(combos) < 3:
-        return {"train": combos, "test": combos}  # split decided per prompt instead
+        return {"train": combos, "test": combos, "all": combos}  # split decided per prompt instead
     ranked = sorted(combos, key=lambda c: _stable_hash(f"{template.name}:{sorted(c.items())}"))
     cut = max(1, len(ranked) // 5)
-    return {"test": ranked[:cut], "train": ranked[cut:]}
+    return {"test": ranked[:cut], "train": ranked[cut:], "all": combos}
 
 
-def _one_task(rng: random.Random, template: Template, split: str) -> dict | None:
-    """A task dict for ``split``, or None if this draw belongs to the other split."""
-    params = rng.choice(_combos_by_split(template)[split])
-    reference = render_reference(template, params)
-    ref, plain = _compile(reference), _compile(render_reference(template, params, convention=False))
-    examples = _visible_examples(rng, template, ref, plain)
-    prompt = _prompt(template, params, examples)
-    if not template.params and split_of_prompt(prompt) != split:
+def _one_task(rng: random.Random, project: Project, template: Template, split: str) -> dict | None:
+    """A task dict for ``split``, or None if this draw belongs to the other split or shows no convention."""
+    convs = applied_conventions(template, project.conventions)
+    params = rng.choice(_combos_by_split(template)["all" if project.test_only else split])
+    key = _key(params)
+    if not _matters(template, key, convs):
+        return None
+    reference, ref, variants = _programs(template, key, convs)
+    examples = _visible_examples(rng, template, ref, variants)
+    prompt = _prompt(project, template, params, examples)
+    if not project.test_only and not template.params and split_of_prompt(prompt) != split:
+        return None
+    tests = _hidden_tests(rng, template, ref, variants)
+    if tests is None:
         return None
     return {
+        "project": project,
         "template": template,
+        "conventions": convs,
         "params": params,
         "prompt": prompt,
         "reference": reference,
-        "tests": [((x,), y) for x, y in _hidden_tests(rng, template, ref, plain)],
+        "tests": [((x,), y) for x, y in tests],
     }
 
 
 def generate(seed: int, split: str, n: int) -> list[dict]:
     """The first ``n`` task dicts of the deterministic ``split`` stream."""
-    rng = random.Random(f"code-v1:{seed}:{split}")
+    rng = random.Random(f"code-v2:{seed}:{split}")
+    seen_projects = [p for p in PROJECTS if not p.test_only]
+    new_projects = [p for p in PROJECTS if p.test_only]
+    decks: dict[str, list] = {"seen": [], "new": []}
+    template_decks: dict[str, list[Template]] = {}
     out: list[dict] = []
-    seen: set[str] = set()
-    order: list[Template] = []
+    prompts: set[str] = set()
     while len(out) < n:
-        if not order:
-            order = list(TEMPLATES)
-            rng.shuffle(order)
-        template = order.pop()
-        for _ in range(50):  # redraw duplicates and other-split draws
-            task = _one_task(rng, template, split)
-            if task is not None and task["prompt"] not in seen:
+        kind = "new" if split == "test" and len(out) % _TEST_ONLY_EVERY == _TEST_ONLY_EVERY - 1 else "seen"
+        if not decks[kind]:
+            decks[kind] = list(new_projects if kind == "new" else seen_projects)
+            rng.shuffle(decks[kind])
+        project = decks[kind].pop()
+        for _ in range(100):  # redraw duplicates, other-split draws and draws that show no convention
+            deck = template_decks.setdefault(project.id, [])
+            if not deck:
+                deck += project_templates(project)
+                rng.shuffle(deck)
+            task = _one_task(rng, project, deck.pop(), split)
+            if task is not None and task["prompt"] not in prompts:
                 break
         else:
-            raise RuntimeError(f"template {template.name}: cannot draw a new {split} task")
-        seen.add(task["prompt"])
+            raise RuntimeError(f"project {project.id}: cannot draw a new {split} task")
+        prompts.add(task["prompt"])
         out.append(task)
     return out

@@ -46,7 +46,7 @@ def _split_args(inner: str) -> list[str]:
             args.append("".join(cur))
             cur = []
         elif ch in "()":
-            raise CallError("no parentheses inside arguments")
+            raise CallError("no ( ) inside arguments")
         else:
             cur.append(ch)
     if quote:
@@ -66,12 +66,12 @@ def parse_call(action: str) -> tuple[str, list[str]]:
     """``(tool_name, raw_args)`` of one call, or CallError."""
     line = first_line(action)
     if not line:
-        raise CallError("empty action; send a call like name(args) or done")
+        raise CallError("empty action")
     if line.count("(") != line.count(")"):
         raise CallError("unbalanced parentheses")
     m = _CALL.fullmatch(line)
     if m is None:
-        raise CallError("expected a call like name(args) or done")
+        raise CallError("expected name(args) or done")
     name, inner = m.group(1), m.group(2)
     if not inner.strip():
         return name, []

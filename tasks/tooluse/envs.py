@@ -2,7 +2,7 @@
 
 :class:`Env` parses an agent's call with :mod:`tasks.tooluse.calls`, maps the
 variant's tool name and argument order back to a canonical step, converts the
-arguments (id format, unit, name form) and lets the kind apply it to a copy of
+arguments (id format, unit; names are taken verbatim) and lets the kind apply it to a copy of
 the state, committed only on success.  Every failure becomes an observation
 starting with ``error:``.  :func:`simulate` runs the expert's plan from the
 intent of a template, inserting the steps the hidden rules demand.
@@ -45,7 +45,7 @@ class Env:
             return _clip(self.execute(self.parse(action)))
         except RuleError as e:
             return _clip(self.rule_message(self.current_tool, e))
-        except (CallError, ToolError, names.FormError) as e:
+        except (CallError, ToolError, names.NameError_) as e:
             return _clip(f"error: {e}")
 
     def finish(self) -> str | None:
@@ -54,8 +54,9 @@ class Env:
         return None if fix is None else _clip(f"error: done needs {self.variant.render(fix)} first")
 
     def rule_message(self, tool: str, err: RuleError) -> str:
-        over = "" if err.over is None else f" over {err.over * self.variant.unit}"
-        return f"error: {tool}{over} needs {self.variant.render(err.fix)} first"
+        """``error: needs ok(A17) first`` or ``error: over 2000 needs ok(A17) first``."""
+        over = "" if not err.over else f" over {err.over * self.variant.unit}"
+        return f"error:{over} needs {self.variant.render(err.fix)} first"
 
     def parse(self, action: str) -> Step:
         tool, raw = parse_call(action)
@@ -65,7 +66,7 @@ class Env:
         self.current_tool = tool
         params = self.kind.ops[op]
         if len(raw) != len(params):
-            raise ToolError(f"{tool} takes {len(params)} args: {self.variant.signature(op)}")
+            raise ToolError(f"use {self.variant.signature(op)}")
         args: list[Any] = [None] * len(params)
         for shown, canon in enumerate(self.variant.orders[op]):
             args[canon] = self.convert(params[canon], raw[shown])
@@ -78,18 +79,18 @@ class Env:
         if param.type in ("int", "amt"):
             return self._number(param, raw)
         if param.type == "person":
-            return names.parse_person(raw, self.variant.rules.get("person_form", "plain"), self.kind.people(self.state))
-        return names.parse_label(raw, self.variant.rules.get("label_form", "plain"))
+            return names.parse_person(raw, self.kind.people(self.state))
+        return names.parse_label(raw)
 
     def _entity(self, raw: str) -> int:
         num = self.variant.parse_id(raw)
         if num is None:
-            raise ToolError(f"bad id {raw[:12]}; ids look like {self.variant.fmt_id(42)}")
+            raise ToolError(f"ids look like {self.variant.fmt_id(42)}")
         ent = self.state["ents"].get(num)
         if ent is None:
-            raise ToolError(f"no {self.kind.entity} {raw[:12]}")
+            raise ToolError(f"no {self.kind.entity} {raw[:8]}")
         if not ent["active"]:
-            raise ToolError(f"{raw[:12]} is {self.kind.gone}")
+            raise ToolError(f"{raw[:8]} is {self.kind.gone}")
         return num
 
     def _number(self, param: Param, raw: str) -> int:

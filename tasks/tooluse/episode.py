@@ -35,6 +35,8 @@ def describe_check(variant: Variant, num: int, attr: str, value: Any) -> str:
         return f"{ident} should be {variant.kind.gone}"
     if attr == "ok":
         return f"{ident} should be confirmed"
+    if attr == "logged":
+        return f"{ident} should be logged"
     if attr == "holder":
         return f"{ident} should be lent to {value}" if value else f"{ident} should be returned"
     return f"{ident} should be due day {value}"

@@ -16,7 +16,7 @@ from .envs import simulate
 from .kinds import KINDS
 from .variants import N_TEST_VARIANTS, N_TRAIN_VARIANTS, make_variant
 
-__all__ = ["DOMAIN", "TEST_ONLY_FRACTION", "MAX_TURNS", "make_task", "all_template_ids"]
+__all__ = ["DOMAIN", "TEST_ONLY_FRACTION", "MAX_TURNS", "make_task", "task_for", "all_template_ids"]
 
 DOMAIN = "tooluse"
 TEST_ONLY_FRACTION = 0.2
@@ -38,8 +38,21 @@ def make_task(seed: int, split: str, i: int) -> Task:
     rng = random.Random(f"tooluse-task:{seed}:{split}:{i}")
     kind = KINDS[rng.choice(_KIND_NAMES)]
     variant = make_variant(kind, _variant_index(rng, split))
-    state = kind.make_state(rng, split)
     template_id, make = rng.choice(kind.templates)
+    return _build(rng, seed, split, i, variant, template_id, make)
+
+
+def task_for(kind_name: str, variant_index: int, template_id: str, seed: int, split: str = "train", i: int = 0) -> Task:
+    """A task of a chosen variant and template (for tests and analyses; not part of any split)."""
+    kind = KINDS[kind_name]
+    make = dict(kind.templates)[template_id]
+    rng = random.Random(f"tooluse-task-for:{seed}:{split}:{kind_name}:{variant_index}:{template_id}:{i}")
+    return _build(rng, seed, split, f"{kind_name}{variant_index}-{i}", make_variant(kind, variant_index), template_id, make)
+
+
+def _build(rng: random.Random, seed: int, split: str, i, variant, template_id: str, make) -> Task:
+    kind = variant.kind
+    state = kind.make_state(rng, split)
     draft = make(rng, state, split)
     plan, final = simulate(variant, state, draft.intent)
     keys = draft.checks + kind.rule_checks(state, final, variant.rules)

@@ -1,66 +1,39 @@
-"""Procedural entity names for the tool-use environments, and their written forms.
+"""Procedural entity names for the tool-use environments.
 
 Words are two syllables built from a fixed alphabet ("mara", "velk").  The word
 list is split once, deterministically, into a train pool and a disjoint test
 pool, so every person ("Mara Velk") and label ("velk lamp": word + kind noun)
 of the test split is unseen in training.
 
-A variant may demand that names be *written* in a particular form (a hidden
-rule): persons in plain, lower-case or surname-only form, labels in plain,
-hyphenated or noun-first form.  :func:`parse_person` and :func:`parse_label`
-turn an agent's argument back into the canonical name or raise a
-:class:`FormError` whose message states the form the variant expects.
+Names are written verbatim: a call names a person or a label exactly as the
+instruction spells it (whitespace and letter case are forgiven).
 """
 
 from __future__ import annotations
 
 import random
+import re
 import zlib
 from itertools import product
 
-__all__ = [
-    "FormError",
-    "NOUNS",
-    "PERSON_FORMS",
-    "LABEL_FORMS",
-    "words",
-    "person",
-    "label",
-    "person_form",
-    "label_form",
-    "parse_person",
-    "parse_label",
-]
+__all__ = ["NameError_", "NOUNS", "words", "person", "label", "norm", "parse_person", "parse_label"]
 
 _ONSETS = "b d f g h k l m n p r s t v z".split()
 _VOWELS = "a e i o u".split()
 _CODAS = ["", "n", "r", "l", "k", "s"]
 
-#: nouns that make labels per kind ("velk lamp", "velk review", "velk saga")
+#: nouns that make labels per kind ("velk lamp", "velk demo", "velk saga")
 NOUNS = {
     "inventory": ("lamp", "bolt", "cup", "rope", "fan", "jar", "pen", "box", "gear", "tile", "pipe", "mug"),
-    "calendar": ("review", "sync", "demo", "call", "lunch", "party", "talk", "meet", "class", "trip"),
+    "calendar": ("sync", "demo", "call", "lunch", "party", "talk", "meet", "class", "trip", "visit"),
     "library": ("saga", "tide", "song", "atlas", "myth", "tale", "poem", "guide", "map", "diary"),
 }
 _ALL_NOUNS = frozenset(n for group in NOUNS.values() for n in group)
-
-PERSON_FORMS = ("plain", "lower", "last")
-LABEL_FORMS = ("plain", "hyphen", "rev")
-
-_PERSON_HINT = {
-    "plain": "write names in full as given",
-    "lower": "names are written in lower case",
-    "last": "names are looked up by surname only",
-}
-_LABEL_HINT = {
-    "plain": "write names as given",
-    "hyphen": "names are written with a hyphen: velk-lamp",
-    "rev": "names are written noun first: lamp velk",
-}
+_LABEL = re.compile(r"[a-z][a-z ]{0,23}")
 
 
-class FormError(ValueError):
-    """An argument names something in a form the variant does not accept."""
+class NameError_(ValueError):
+    """An argument that names no known person, or is no valid label."""
 
 
 def _build_pools() -> dict[str, list[str]]:
@@ -91,57 +64,23 @@ def label(rng: random.Random, split: str, kind: str) -> str:
     return f"{rng.choice(words(split))} {rng.choice(NOUNS[kind])}"
 
 
-# --------------------------------------------------------------------------- forms
-def person_form(name: str, form: str) -> str:
-    if form == "lower":
-        return name.lower()
-    if form == "last":
-        return name.split()[-1]
-    return name
+def norm(text: str) -> str:
+    """Whitespace collapsed, lower case: the key names are compared by."""
+    return " ".join(text.split()).lower()
 
 
-def label_form(name: str, form: str) -> str:
-    word, noun = name.split()
-    if form == "hyphen":
-        return f"{word}-{noun}"
-    if form == "rev":
-        return f"{noun} {word}"
-    return name
-
-
-def parse_person(arg: str, form: str, known: tuple[str, ...] | list[str]) -> str:
-    """The canonical known name ``arg`` denotes in ``form``; FormError otherwise."""
+def parse_person(arg: str, known: tuple[str, ...] | list[str]) -> str:
+    """The known name ``arg`` spells; NameError_ otherwise."""
+    key = norm(arg)
     for name in known:
-        if person_form(name, form) == arg:
+        if norm(name) == key:
             return name
-    for other in PERSON_FORMS:
-        if other != form and any(person_form(name, other) == arg for name in known):
-            raise FormError(_PERSON_HINT[form])
-    raise FormError(f"unknown name {arg[:20]}")
+    raise NameError_(f"unknown {arg[:16]}")
 
 
-def _detect_label(arg: str) -> tuple[str, str] | None:
-    """(canonical, form) of a syntactically valid label, else None."""
-    text = arg.strip().lower()
-    if text.count("-") == 1 and " " not in text:
-        word, noun = text.split("-")
-        return (f"{word} {noun}", "hyphen") if noun in _ALL_NOUNS else None
-    parts = text.split()
-    if len(parts) != 2:
-        return None
-    if parts[1] in _ALL_NOUNS and parts[0] not in _ALL_NOUNS:
-        return text, "plain"
-    if parts[0] in _ALL_NOUNS and parts[1] not in _ALL_NOUNS:
-        return f"{parts[1]} {parts[0]}", "rev"
-    return None
-
-
-def parse_label(arg: str, form: str) -> str:
-    """The canonical label ``arg`` writes in ``form``; FormError otherwise."""
-    found = _detect_label(arg)
-    if found is None:
-        raise FormError(f"bad name {arg[:20]}")
-    canonical, written = found
-    if written != form:
-        raise FormError(_LABEL_HINT[form])
-    return canonical
+def parse_label(arg: str) -> str:
+    """The canonical (normalised) label ``arg`` spells; NameError_ if it is no label."""
+    text = norm(arg)
+    if not _LABEL.fullmatch(text):
+        raise NameError_(f"bad name {arg[:16]}")
+    return text

@@ -5,9 +5,12 @@ tool names, a state generator, hidden-rule draws, task templates and the
 semantics of every operation (:meth:`Kind.apply`).  Variants
 (:mod:`tasks.tooluse.variants`) rename and reorder the operations and fix the
 rule parameters; :mod:`tasks.tooluse.envs` parses calls into canonical steps.
+The operations are declared in *role order* (lookup, read, changes, then the
+operations only hidden rules need); every variant lists its tools in that order.
 
 State layout (plain dicts, picklable): ``{"ents": {num: {attr: value}},
-"people": (names...)}``; ``num`` is an entity's numeric id, shown to the agent
+"people": (names...), ...}`` (further keys hold immutable values, e.g. the
+tuple of carded members); ``num`` is an entity's numeric id, shown to the agent
 in the variant's id format.  A *step* is ``(op, args)`` with canonical
 arguments (numeric ids, whole amounts, canonical names).
 """
@@ -26,7 +29,7 @@ Step = tuple[str, tuple]
 @dataclass(frozen=True)
 class Param:
     name: str  # shown in the tool signature
-    type: str  # "id" | "int" | "amt" (int in the variant's unit) | "person" | "label"
+    type: str  # "id" | "int" | "amt" (int in the variant's unit) | "person" | "label" (both verbatim)
 
 
 class ToolError(ValueError):
@@ -65,6 +68,10 @@ class Kind:
     def draw_rules(self, rng: random.Random) -> dict[str, Any]:
         raise NotImplementedError
 
+    def rule_names(self, rules: dict[str, Any]) -> list[str]:
+        """The hidden rules of ``rules`` in words, one entry per rule (for tests and docs)."""
+        raise NotImplementedError
+
     def make_state(self, rng: random.Random, split: str) -> dict:
         raise NotImplementedError
 
@@ -86,7 +93,9 @@ class Kind:
 
 
 def copy_state(st: dict) -> dict:
-    return {"ents": {k: dict(v) for k, v in st["ents"].items()}, "people": st["people"]}
+    out = dict(st)
+    out["ents"] = {k: dict(v) for k, v in st["ents"].items()}
+    return out
 
 
 def pick(rng: random.Random, ents: dict[int, dict], cond: Callable[[dict], bool] = lambda e: True) -> int:

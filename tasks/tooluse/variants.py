@@ -1,9 +1,11 @@
-"""Environment variants: one kind, renamed, reordered and given hidden rules.
+"""Environment variants: one kind, renamed and given hidden rules.
 
 A variant is a pure function of ``(kind, index)``: its tool names come from the
-kind's synonym pools, each tool's argument order is shuffled, ids get their own
-format ("A17", "acc-17", "17x", "K-0017", ...) and the kind draws the hidden
-rules (approval thresholds, units, name forms, required confirmations).
+kind's synonym pools, each tool's argument order is shuffled (the signature
+shows it), ids get their own short format ("A17", "a-17", "17x", "#17",
+"017") and the kind draws the hidden rules (approval thresholds, cents,
+required scans and confirmations).  Tools are always listed in the kind's
+role order, so a tool's position tells its role while its name varies.
 Indices below :data:`N_TRAIN_VARIANTS` are used by both splits; the next
 :data:`N_TEST_VARIANTS` appear only in the test split.
 """
@@ -16,7 +18,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from . import names
 from .spec import Kind, Param, Step
 
 __all__ = ["N_TRAIN_VARIANTS", "N_TEST_VARIANTS", "Variant", "make_variant"]
@@ -34,7 +35,7 @@ class Variant:
     index: int
     tools: dict[str, str]  # canonical op -> tool name
     orders: dict[str, tuple[int, ...]]  # op -> canonical param indices in shown order
-    listing: tuple[str, ...]  # ops in the order the prompt lists them
+    listing: tuple[str, ...]  # ops in the order the prompt lists them (the kind's role order)
     id_style: tuple[str, int, str]  # (prefix, zero-pad width, suffix)
     rules: dict[str, Any]
 
@@ -72,11 +73,7 @@ class Variant:
             return self.fmt_id(value)
         if param.type == "amt":
             return str(value * self.unit)
-        if param.type == "person":
-            return names.person_form(value, self.rules.get("person_form", "plain"))
-        if param.type == "label":
-            return names.label_form(value, self.rules.get("label_form", "plain"))
-        return str(value)
+        return str(value)  # ints; persons and labels verbatim
 
     def render(self, step: Step) -> str:
         """The call string that performs canonical ``step`` in this variant."""
@@ -87,7 +84,8 @@ class Variant:
 
 
 def _id_style(rng: random.Random, kind: Kind) -> tuple[str, int, str]:
-    style = rng.randrange(6)
+    """Ids are short (at most 4 characters): A17, a-17, 17x, #17, 017."""
+    style = rng.randrange(5)
     if style == 0:
         return rng.choice(_LETTERS), 2, ""
     if style == 1:
@@ -95,8 +93,6 @@ def _id_style(rng: random.Random, kind: Kind) -> tuple[str, int, str]:
     if style == 2:
         return "", 2, rng.choice(_SUFFIXES)
     if style == 3:
-        return rng.choice(_LETTERS) + "-", 4, ""
-    if style == 4:
         return "#", 2, ""
     return "", 3, ""
 
@@ -117,6 +113,6 @@ def make_variant(kind: Kind, index: int) -> Variant:
     rng = random.Random(f"tooluse-variant:{kind.name}:{index}")
     tools = _tool_names(rng, kind)
     orders = {op: tuple(rng.sample(range(len(ps)), len(ps))) for op, ps in kind.ops.items()}
-    listing = tuple(rng.sample(list(kind.ops), len(kind.ops)))
+    listing = tuple(kind.ops)
     id_style = _id_style(rng, kind)
     return Variant(kind, index, tools, orders, listing, id_style, kind.draw_rules(rng))

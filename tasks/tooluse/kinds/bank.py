@@ -1,8 +1,12 @@
 """Bank: accounts with an owner and a balance.
 
-Hidden rules a variant may draw: owner names written in lower case or by
-surname only; amounts in cents; withdrawals over a threshold need
-``approve(id)`` first; closing an account needs ``approve(id)`` first.
+Tools in role order: lookup, balance, deposit, withdraw, close, approve.
+
+Hidden rules (every variant draws one main rule that touches most tasks, about
+half draw a second one): amounts in cents ("amounts are in cents: 70 is
+7000"); withdrawals (over a threshold) need ``approve(id)`` first; deposits and
+withdrawals both need ``approve(id)`` first; second rules also include closing
+needs ``approve(id)`` and deposits over a threshold need ``approve(id)``.
 """
 
 from __future__ import annotations
@@ -19,45 +23,66 @@ class Bank(Kind):
     name = "bank"
     entity = "account"
     gone = "closed"
-    id_prefixes = ("acc", "ac", "acct")
+    id_prefixes = ("a",)
     ops = {
-        "lookup": (Param("name", "person"),),
+        "lookup": (Param("who", "person"),),
         "balance": (_ID,),
         "deposit": (_ID, _AMT),
         "withdraw": (_ID, _AMT),
-        "approve": (_ID,),
         "close": (_ID,),
+        "approve": (_ID,),
     }
     synonyms = {
-        "lookup": ("find_acct", "lookup", "acct_of", "get_id", "whois", "acct", "find", "id_of"),
-        "balance": ("bal", "balance", "get_bal", "funds", "show", "peek", "read"),
+        "lookup": ("find", "lookup", "acct", "acct_of", "get_id", "whois", "id_of"),
+        "balance": ("bal", "balance", "funds", "show", "peek", "read"),
         "deposit": ("put", "deposit", "credit", "add", "pay_in", "dep"),
-        "withdraw": ("take", "withdraw", "debit", "draw", "pay_out", "wd"),
-        "approve": ("approve", "verify", "ok", "auth", "sign", "allow"),
+        "withdraw": ("take", "debit", "draw", "pay_out", "wd", "withdraw"),
         "close": ("close", "shut", "end", "retire", "drop", "seal"),
+        "approve": ("approve", "verify", "ok", "auth", "sign", "allow"),
     }
 
     def draw_rules(self, rng: random.Random) -> dict:
-        extras = rng.sample(["over", "close", "cents"], rng.randint(1, 2))
-        return {
-            "person_form": rng.choice(["plain", "plain", "lower", "last"]),
-            "approve_over": rng.choice([20, 30, 40, 50]) if "over" in extras else None,
-            "approve_close": "close" in extras,
-            "unit": 100 if "cents" in extras else 1,
-        }
+        """``unit`` (1 or 100) and ``approve``: ((op, over), ...) -- op needs approve(id) above ``over``."""
+        main = rng.choice(["cents", "withdraw", "withdraw", "money"])
+        unit, approve = 1, {}
+        if main == "cents":
+            unit = 100
+        elif main == "withdraw":
+            approve["withdraw"] = rng.choice([0, 10])
+        else:
+            approve["deposit"] = approve["withdraw"] = 0
+        if rng.random() < 0.5:
+            extra = rng.choice([x for x in ("cents", "close", "deposit") if x != main and not (x == "deposit" and main == "money")])
+            if extra == "cents":
+                unit = 100
+            elif extra == "close":
+                approve["close"] = 0
+            else:
+                approve["deposit"] = rng.choice([20, 40])
+        return {"unit": unit, "approve": tuple(sorted(approve.items()))}
+
+    def rule_names(self, rules: dict) -> list[str]:
+        out = ["amounts in cents"] if rules["unit"] != 1 else []
+        approve = dict(rules["approve"])
+        if approve.get("deposit") == 0 and approve.get("withdraw") == 0:
+            out.append("deposit and withdraw need approve")
+            approve = {k: v for k, v in approve.items() if k == "close"}
+        out += [f"{op}{f' over {over}' if over else ''} needs approve" for op, over in sorted(approve.items())]
+        return out
 
     def make_state(self, rng: random.Random, split: str) -> dict:
         n = rng.randint(4, 6)
         owners = unique(rng, lambda: names.person(rng, split), n, key=lambda s: s.split()[-1])
         nums = rng.sample(range(10, 90), n)
-        ents = {num: {"owner": o, "bal": rng.randrange(20, 201, 10), "ok": False, "active": True} for num, o in zip(nums, owners)}
+        bals = [rng.randrange(50, 201, 10)] + [rng.randrange(20, 201, 10) for _ in range(n - 1)]
+        ents = {num: {"owner": o, "bal": b, "ok": False, "active": True} for num, o, b in zip(nums, owners, bals)}
         return {"ents": ents, "people": ()}
 
     def people(self, st: dict) -> tuple[str, ...]:
         return tuple(e["owner"] for e in st["ents"].values() if e["active"])
 
     def apply(self, st: dict, variant, op: str, args: tuple) -> str:
-        ents, rules = st["ents"], variant.rules
+        ents = st["ents"]
         if op == "lookup":
             return variant.fmt_id(next(n for n, e in ents.items() if e["active"] and e["owner"] == args[0]))
         acct = ents[args[0]]
@@ -65,20 +90,20 @@ class Bank(Kind):
             return f"balance {acct['bal'] * variant.unit}"
         if op == "approve":
             acct["ok"] = True
-        elif op == "deposit":
+            return "ok"
+        over = dict(variant.rules["approve"]).get(op)
+        amount = args[1] if op in ("deposit", "withdraw") else 0
+        if over is not None and not acct["ok"] and (op == "close" or amount > over):
+            raise RuleError(("approve", (args[0],)), over=over)
+        if op == "deposit":
             acct["bal"] += args[1]
         elif op == "withdraw":
-            limit = rules["approve_over"]
-            if limit is not None and args[1] > limit and not acct["ok"]:
-                raise RuleError(("approve", (args[0],)), over=limit)
             if args[1] > acct["bal"]:
-                raise ToolError(f"insufficient funds: balance {acct['bal'] * variant.unit}")
+                raise ToolError(f"balance is only {acct['bal'] * variant.unit}")
             acct["bal"] -= args[1]
         elif op == "close":
-            if rules["approve_close"] and not acct["ok"]:
-                raise RuleError(("approve", (args[0],)))
             if acct["bal"]:
-                raise ToolError("balance must be 0 to close")
+                raise ToolError("balance must be 0")
             acct["active"] = False
         return "ok"
 
@@ -88,18 +113,14 @@ def _deposit(rng: random.Random, st: dict, split: str) -> TaskDraft:
     a = pick(rng, st["ents"])
     amt = rng.randrange(5, 100, 5)
     owner = st["ents"][a]["owner"]
-    return TaskDraft(f"Deposit {amt} into the account of {owner}.", [("lookup", (owner,)), ("deposit", (a, amt))], [(a, "bal")])
+    return TaskDraft(f"Deposit {amt} for {owner}.", [("lookup", (owner,)), ("deposit", (a, amt))], [(a, "bal")])
 
 
 def _withdraw(rng: random.Random, st: dict, split: str) -> TaskDraft:
     a = pick(rng, st["ents"])
     acct = st["ents"][a]
     amt = rng.randrange(10, min(acct["bal"], 95) + 1, 5)
-    return TaskDraft(
-        f"Withdraw {amt} from the account of {acct['owner']}.",
-        [("lookup", (acct["owner"],)), ("withdraw", (a, amt))],
-        [(a, "bal")],
-    )
+    return TaskDraft(f"Withdraw {amt} for {acct['owner']}.", [("lookup", (acct["owner"],)), ("withdraw", (a, amt))], [(a, "bal")])
 
 
 def _transfer(rng: random.Random, st: dict, split: str) -> TaskDraft:
@@ -111,25 +132,26 @@ def _transfer(rng: random.Random, st: dict, split: str) -> TaskDraft:
     return TaskDraft(f"Move {amt} from {src['owner']} to {dst['owner']}.", intent, [(a, "bal"), (b, "bal")])
 
 
-def _withdraw_half(rng: random.Random, st: dict, split: str) -> TaskDraft:
-    a = pick(rng, st["ents"])
+def _withdraw_to(rng: random.Random, st: dict, split: str) -> TaskDraft:
+    a = pick(rng, st["ents"], lambda e: e["bal"] >= 40)
     acct = st["ents"][a]
-    intent = [("lookup", (acct["owner"],)), ("balance", (a,)), ("withdraw", (a, acct["bal"] // 2))]
-    return TaskDraft(f"Withdraw half of the balance of {acct['owner']}.", intent, [(a, "bal")])
+    keep = rng.randrange(10, acct["bal"] - 10 + 1, 10)
+    intent = [("lookup", (acct["owner"],)), ("balance", (a,)), ("withdraw", (a, acct["bal"] - keep))]
+    return TaskDraft(f"Withdraw all but {keep} for {acct['owner']}.", intent, [(a, "bal")])
 
 
 def _close(rng: random.Random, st: dict, split: str) -> TaskDraft:
     a = pick(rng, st["ents"])
     acct = st["ents"][a]
     intent = [("lookup", (acct["owner"],)), ("balance", (a,)), ("withdraw", (a, acct["bal"])), ("close", (a,))]
-    return TaskDraft(f"Empty and close the account of {acct['owner']}.", intent, [(a, "bal"), (a, "active")])
+    return TaskDraft(f"Empty and close {acct['owner']}.", intent, [(a, "bal"), (a, "active")])
 
 
 Bank.templates = (
     ("bank/deposit_by_name", _deposit),
     ("bank/withdraw_by_name", _withdraw),
     ("bank/transfer_by_name", _transfer),
-    ("bank/withdraw_half", _withdraw_half),
+    ("bank/withdraw_to", _withdraw_to),
     ("bank/close_by_name", _close),
 )
 

@@ -1,8 +1,12 @@
 """Calendar: events with a title and a day (1-28).
 
-Hidden rules a variant may draw: titles written hyphenated or noun first;
-moving and/or cancelling an event needs ``confirm(id)`` first; a new booking
-must be confirmed with ``confirm(id)`` before ``done``.
+Tools in role order: find, when, book, move, cancel, confirm.
+
+Hidden rules: moving and/or cancelling an event needs ``confirm(id)`` first
+(``confirm_ops``); new bookings and/or moved events must be confirmed with
+``confirm(id)`` before ``done`` (``after_ops``).  Every variant's rules touch
+four or five of the five templates; about half of the variants have both
+kinds of rule.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ class Calendar(Kind):
     name = "calendar"
     entity = "event"
     gone = "cancelled"
-    id_prefixes = ("ev", "e", "evt")
+    id_prefixes = ("e",)
     ops = {
         "find": (Param("title", "label"),),
         "when": (_ID,),
@@ -31,27 +35,35 @@ class Calendar(Kind):
     }
     synonyms = {
         "find": ("find", "event", "lookup", "ev_id", "which", "get_ev"),
-        "when": ("when", "day_of", "date", "get_day", "day", "sched"),
+        "when": ("when", "day_of", "date", "day", "sched"),
         "book": ("book", "add", "new", "create", "plan", "make"),
-        "move": ("move", "shift", "resched", "set_day", "slide", "push"),
+        "move": ("move", "shift", "redate", "slide", "push"),
         "cancel": ("cancel", "drop", "remove", "kill", "delete", "scrap"),
         "confirm": ("confirm", "ok", "lock", "seal", "fix", "commit"),
     }
+    #: (confirm_ops, after_ops) with one rule, and with two
+    _ONE = ((("cancel", "move"), ()), ((), ("book", "move")))
+    _TWO = (
+        (("cancel", "move"), ("book",)),
+        (("cancel",), ("book", "move")),
+        (("move",), ("book",)),
+        (("cancel",), ("move",)),
+    )
 
     def draw_rules(self, rng: random.Random) -> dict:
-        guarded = tuple(sorted(rng.sample(["move", "cancel"], rng.randint(0, 2))))
-        return {
-            "label_form": rng.choice(["plain", "plain", "hyphen", "rev"]),
-            "confirm_ops": guarded,
-            "book_confirm": not guarded or rng.random() < 0.5,
-        }
+        guarded, after = rng.choice(self._TWO if rng.random() < 0.5 else self._ONE)
+        return {"confirm_ops": guarded, "after_ops": after}
+
+    def rule_names(self, rules: dict) -> list[str]:
+        out = [f"{'/'.join(rules['confirm_ops'])} need{'s' if len(rules['confirm_ops']) == 1 else ''} confirm first"] if rules["confirm_ops"] else []
+        return out + ([f"{'/'.join(rules['after_ops'])} need{'s' if len(rules['after_ops']) == 1 else ''} confirm before done"] if rules["after_ops"] else [])
 
     def make_state(self, rng: random.Random, split: str) -> dict:
         n = rng.randint(4, 6)
         labels = unique(rng, lambda: names.label(rng, split, self.name), n)
         nums = rng.sample(range(10, 90), n)
         ents = {
-            num: {"label": lab, "day": rng.randint(1, 20), "ok": False, "new": False, "active": True}
+            num: {"label": lab, "day": rng.randint(1, 20), "ok": False, "dirty": False, "need": False, "active": True}
             for num, lab in zip(nums, labels)
         }
         return {"ents": ents, "people": ()}
@@ -61,40 +73,41 @@ class Calendar(Kind):
         if op == "find":
             found = [n for n, e in ents.items() if e["active"] and e["label"] == args[0]]
             if not found:
-                raise ToolError(f"no event {args[0]}")
+                raise ToolError(f"no event {args[0][:16]}")
             return variant.fmt_id(found[0])
+        rules = variant.rules
         if op == "book":
-            return variant.fmt_id(self._book(ents, *args))
+            num = self._book(ents, *args)
+            ents[num]["dirty"] = ents[num]["need"] = "book" in rules["after_ops"]
+            return variant.fmt_id(num)
         event = ents[args[0]]
-        if op in variant.rules["confirm_ops"] and not event["ok"]:
+        if op in rules["confirm_ops"] and not event["ok"]:
             raise RuleError(("confirm", (args[0],)))
         if op == "when":
             return f"day {event['day']}"
         if op == "confirm":
-            event["ok"] = True
+            event["ok"], event["dirty"] = True, False
         elif op == "move":
             event["day"] = _day(args[1])
+            if "move" in rules["after_ops"]:
+                event["dirty"] = event["need"] = True
         elif op == "cancel":
             event["active"] = False
         return "ok"
 
     def _book(self, ents: dict, title: str, day: int) -> int:
         if any(e["active"] and e["label"] == title for e in ents.values()):
-            raise ToolError(f"{title} is already booked")
+            raise ToolError(f"{title[:16]} is booked")
         num = max(ents) + 1
-        ents[num] = {"label": title, "day": _day(day), "ok": False, "new": True, "active": True}
+        ents[num] = {"label": title, "day": _day(day), "ok": False, "dirty": False, "need": False, "active": True}
         return num
 
     def pending(self, st: dict, rules: dict) -> Step | None:
-        if not rules["book_confirm"]:
-            return None
-        waiting = [n for n, e in sorted(st["ents"].items()) if e["active"] and e["new"] and not e["ok"]]
+        waiting = [n for n, e in sorted(st["ents"].items()) if e["active"] and e["dirty"]]
         return ("confirm", (waiting[0],)) if waiting else None
 
     def rule_checks(self, before: dict, after: dict, rules: dict) -> list[tuple[int, str]]:
-        if not rules["book_confirm"]:
-            return []
-        return [(n, "ok") for n, e in sorted(after["ents"].items()) if e["new"] and e["active"] and n not in before["ents"]]
+        return [(n, "ok") for n, e in sorted(after["ents"].items()) if e["need"] and e["active"]]
 
 
 def _day(day: int) -> int:
@@ -142,7 +155,7 @@ def _replace(rng: random.Random, st: dict, split: str) -> TaskDraft:
     new = max(st["ents"]) + 1
     intent = [("find", (event["label"],)), ("when", (e,)), ("cancel", (e,)), ("book", (title, event["day"]))]
     checks = [(e, "active"), (new, "label"), (new, "day")]
-    return TaskDraft(f"Cancel {event['label']} and book {title} on its day.", intent, checks)
+    return TaskDraft(f"Cancel {event['label']}, book {title} on its day.", intent, checks)
 
 
 Calendar.templates = (

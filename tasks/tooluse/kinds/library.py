@@ -1,8 +1,11 @@
 """Library: books that are in, or out to a member until a due day.
 
-Hidden rules a variant may draw: titles written hyphenated or noun first;
-member names in lower case or by surname only; some of return / lend / renew
-need the book checked with ``inspect(id)`` first.
+Tools in role order: search, status, lend, back, renew, inspect, card.
+
+Hidden rules: two or three of return / lend / renew need the book checked
+with ``inspect(id)`` first (``inspect_ops``; touches most tasks); about half
+of the variants also demand that a member hold a card, ``card(who)``,
+before a book is lent to them.
 """
 
 from __future__ import annotations
@@ -20,30 +23,32 @@ class Library(Kind):
     name = "library"
     entity = "book"
     gone = "gone"
-    id_prefixes = ("bk", "b", "book")
+    id_prefixes = ("b",)
     ops = {
         "search": (Param("title", "label"),),
         "status": (_ID,),
         "lend": (_ID, Param("who", "person")),
         "back": (_ID,),
-        "inspect": (_ID,),
         "renew": (_ID,),
+        "inspect": (_ID,),
+        "card": (Param("who", "person"),),
     }
     synonyms = {
-        "search": ("search", "find", "title", "lookup", "book_id", "seek"),
+        "search": ("search", "find", "title", "lookup", "seek", "get"),
         "status": ("status", "state", "where", "info", "is_out", "loc"),
-        "lend": ("lend", "loan", "issue", "give", "check_out", "out"),
-        "back": ("return", "take_back", "back", "check_in", "receive", "ret"),
-        "inspect": ("inspect", "check", "examine", "vet", "scan", "review"),
-        "renew": ("renew", "extend", "prolong", "more", "bump", "push"),
+        "lend": ("lend", "loan", "issue", "give", "out"),
+        "back": ("return", "back", "ret", "recv", "take"),
+        "renew": ("renew", "extend", "more", "bump", "keep"),
+        "inspect": ("check", "vet", "scan", "audit", "review"),
+        "card": ("card", "enrol", "member", "join", "admit", "pass"),
     }
+    _INSPECT = (("back", "lend", "renew"), ("back", "lend"), ("lend", "renew"), ("back", "renew"))
 
     def draw_rules(self, rng: random.Random) -> dict:
-        return {
-            "label_form": rng.choice(["plain", "plain", "hyphen", "rev"]),
-            "person_form": rng.choice(["plain", "plain", "lower", "last"]),
-            "inspect_ops": tuple(sorted(rng.sample(["back", "lend", "renew"], rng.randint(1, 2)))),
-        }
+        return {"inspect_ops": rng.choice(self._INSPECT), "card": rng.random() < 0.5}
+
+    def rule_names(self, rules: dict) -> list[str]:
+        return [f"{'/'.join(rules['inspect_ops'])} need{'s' if len(rules['inspect_ops']) == 1 else ''} inspect"] + (["lend needs card(who)"] if rules["card"] else [])
 
     def make_state(self, rng: random.Random, split: str) -> dict:
         n = rng.randint(4, 6)
@@ -56,20 +61,25 @@ class Library(Kind):
             holder = rng.choice(people) if is_out else None
             due = rng.randint(5, 20) if is_out else None
             ents[num] = {"label": lab, "holder": holder, "due": due, "ok": False, "active": True}
-        return {"ents": ents, "people": people}
+        return {"ents": ents, "people": people, "cards": ()}
 
     def apply(self, st: dict, variant, op: str, args: tuple) -> str:
         ents = st["ents"]
         if op == "search":
             found = [n for n, e in ents.items() if e["label"] == args[0]]
             if not found:
-                raise ToolError(f"no book {args[0]}")
+                raise ToolError(f"no book {args[0][:16]}")
             return variant.fmt_id(found[0])
+        if op == "card":
+            st["cards"] = tuple(sorted(set(st["cards"]) | {args[0]}))
+            return "ok"
         book = ents[args[0]]
         if op in variant.rules["inspect_ops"] and not book["ok"]:
             raise RuleError(("inspect", (args[0],)))
+        if op == "lend" and variant.rules["card"] and args[1] not in st["cards"]:
+            raise RuleError(("card", (args[1],)))
         if op == "status":
-            return f"out till day {book['due']}" if book["holder"] else "in"
+            return f"out, due day {book['due']}" if book["holder"] else "in"
         if op == "inspect":
             book["ok"] = True
         elif op == "lend":
@@ -95,7 +105,7 @@ def _lend(rng: random.Random, st: dict, split: str) -> TaskDraft:
 def _return(rng: random.Random, st: dict, split: str) -> TaskDraft:
     b = pick(rng, st["ents"], lambda e: e["holder"] is not None)
     lab = st["ents"][b]["label"]
-    return TaskDraft(f"Take back {lab}.", [("search", (lab,)), ("back", (b,))], [(b, "holder")])
+    return TaskDraft(f"Return {lab}.", [("search", (lab,)), ("back", (b,))], [(b, "holder")])
 
 
 def _swap(rng: random.Random, st: dict, split: str) -> TaskDraft:
@@ -103,7 +113,13 @@ def _swap(rng: random.Random, st: dict, split: str) -> TaskDraft:
     b = pick(rng, st["ents"], lambda e: e["holder"] is None)
     la, lb, who = st["ents"][a]["label"], st["ents"][b]["label"], rng.choice(st["people"])
     intent = [("search", (la,)), ("back", (a,)), ("search", (lb,)), ("lend", (b, who))]
-    return TaskDraft(f"Take back {la} and lend {lb} to {who}.", intent, [(a, "holder"), (b, "holder")])
+    return TaskDraft(f"Return {la}, lend {lb} to {who}.", intent, [(a, "holder"), (b, "holder")])
+
+
+def _renew(rng: random.Random, st: dict, split: str) -> TaskDraft:
+    b = pick(rng, st["ents"], lambda e: e["holder"] is not None)
+    lab = st["ents"][b]["label"]
+    return TaskDraft(f"Renew {lab}.", [("search", (lab,)), ("renew", (b,))], [(b, "due")])
 
 
 def _renew_or_lend(rng: random.Random, st: dict, split: str) -> TaskDraft:
@@ -112,13 +128,14 @@ def _renew_or_lend(rng: random.Random, st: dict, split: str) -> TaskDraft:
     act = ("renew", (b,)) if book["holder"] else ("lend", (b, who))
     check = (b, "due") if book["holder"] else (b, "holder")
     intent = [("search", (book["label"],)), ("status", (b,)), act]
-    return TaskDraft(f"If {book['label']} is out, renew it; else lend it to {who}.", intent, [check])
+    return TaskDraft(f"Renew {book['label']} if out, else lend to {who}.", intent, [check])
 
 
 Library.templates = (
     ("library/lend", _lend),
     ("library/return", _return),
     ("library/swap", _swap),
+    ("library/renew", _renew),
     ("library/renew_or_lend", _renew_or_lend),
 )
 

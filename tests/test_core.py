@@ -125,8 +125,8 @@ def test_invalid_config_names_the_field(mutate, message):
         validate(cfg)
 
 
-@pytest.mark.parametrize("domain_name", ["tooluse", "code"])
-def test_multi_turn_rollouts_layout_and_sampler_logprobs(domain_name, warmstarts):
+@pytest.mark.parametrize("domain_name, temperature", [("tooluse", 1.0), ("code", 1.0), ("tooluse", 0.7)])
+def test_multi_turn_rollouts_layout_and_sampler_logprobs(domain_name, temperature, warmstarts):
     """Rollouts are laid out like expert trajectories, and the sampler's log-probs are the policy's."""
     from methods.core.batch import collate, token_logprobs
     from methods.core.rollout import SamplingConfig, run_episodes, trajectory_ids
@@ -137,13 +137,13 @@ def test_multi_turn_rollouts_layout_and_sampler_logprobs(domain_name, warmstarts
     enc = ChatEncoder(tok)
     domain = get_domain(domain_name, seed=0)
     tasks = domain.tasks("train", 6)
-    rs = run_episodes(model.eval(), enc, domain, tasks, None, SamplingConfig(temperature=1.0, max_new_tokens=12, max_seq_len=400), torch.Generator().manual_seed(0))
+    rs = run_episodes(model.eval(), enc, domain, tasks, None, SamplingConfig(temperature=temperature, max_new_tokens=12, max_seq_len=400), torch.Generator().manual_seed(0))
     for r in rs:
         assert len(r.ids) == len(r.agent_mask) and sum(r.agent_mask) == len(r.agent_logprobs)
         assert len(r.ids) <= 400 and 0.0 <= r.reward <= 1.0
         assert len(r.episode.turns) >= 1
     b = collate(rs, list(range(len(rs))), enc.pad_id)
-    logp, _ = token_logprobs(model, b.input_ids, b.attention_mask)
+    logp, _ = token_logprobs(model, b.input_ids, b.attention_mask, temperature)
     assert torch.allclose(logp * b.loss_mask, b.sample_logp, atol=1e-4)
     # an expert trajectory rendered canonically has the same prompt as a rollout
     ep = domain.expert_trajectory(tasks[0])

@@ -59,12 +59,16 @@ def collate(rollouts: Sequence[Rollout], group_index: Sequence[int], pad_id: int
     )
 
 
-def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-prob of each next token and the logits that produced it.
+def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob of each next token under softmax(logits / temperature), and those scaled logits.
 
     Returns ``(logp [N, T-1], logits [N, T-1, V])``; gradients flow if enabled.
+    The temperature is the rollouts' sampling temperature, so that PPO's ratio
+    compares the distribution that actually sampled the tokens (verl does the same).
     """
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1].float()
+    if temperature != 1.0:
+        logits = logits / temperature
     logp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
     return logp, logits
 

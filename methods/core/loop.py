@@ -274,7 +274,7 @@ def _update(method: Method, model, optimizer, batch: RolloutBatch, cfg: TrainCon
     """
     if cfg.recompute_old_logp:
         with torch.no_grad():
-            old_logp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask)
+            old_logp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, cfg.temperature)
         batch.extras["old_logp"] = old_logp * batch.loss_mask
     else:
         batch.extras["old_logp"] = batch.sample_logp
@@ -287,7 +287,7 @@ def _update(method: Method, model, optimizer, batch: RolloutBatch, cfg: TrainCon
             rows = active[start : start + cfg.minibatch_rollouts]
             ids, attn = batch.input_ids[rows], batch.attention_mask[rows]
             width = int(attn.sum(-1).max())  # trim right padding of this minibatch
-            logp, logits = token_logprobs(model, ids[:, :width], attn[:, :width])
+            logp, logits = token_logprobs(model, ids[:, :width], attn[:, :width], cfg.temperature)
             loss, m = method.loss(batch, rows, logp, logits)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

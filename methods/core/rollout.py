@@ -82,9 +82,10 @@ def sample(
 ):
     """Sample one continuation per prompt; each ends with ``eos_id`` unless cut at ``max_new_tokens``.
 
-    With ``return_logprobs`` also returns, per continuation, the policy's
-    (untempered) log-probability of each sampled token: PPO's "old" log-probs,
-    which then need no second forward pass.
+    With ``return_logprobs`` also returns, per continuation, the log-probability
+    of each sampled token under the sampling distribution softmax(logits / T):
+    PPO's "old" log-probs, which then need no second forward pass.  As in verl,
+    the policy being optimised is the tempered one (see ``token_logprobs``).
 
     Shapes: prompts are ragged lists; internally [B, T] left-padded with an
     attention mask and explicit position ids so that padding never shifts RoPE.
@@ -107,7 +108,8 @@ def sample(
             probs = torch.softmax(logits.float() / temperature, dim=-1)
             tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
         if return_logprobs:
-            step_logp.append(torch.log_softmax(logits.float(), dim=-1).gather(-1, tok[:, None]).squeeze(-1))
+            scaled = logits.float() / (temperature if temperature > 0 else 1.0)
+            step_logp.append(torch.log_softmax(scaled, dim=-1).gather(-1, tok[:, None]).squeeze(-1))
         tok = torch.where(done, torch.full_like(tok, pad_id), tok)
         steps.append(tok)
         done |= tok == eos_id

@@ -51,6 +51,7 @@ class WarmStartConfig:
     same_task_share: float = 0.5  # of those, share whose context is the task's own solution (else a same-group example)
     vocab_size: int = 768
     likelihood_tasks: int = 100  # held-out tasks for the context-likelihood check
+    copy_share: float = 0.0  # share of extra synthetic "repeat: <text>" examples (a pretraining-like copy skill)
 
     def __post_init__(self):
         for name in ("n_demos", "steps", "batch_size", "vocab_size", "likelihood_tasks"):
@@ -58,7 +59,7 @@ class WarmStartConfig:
                 raise ValueError(f"warmstart.{name} must be >= 1, got {getattr(self, name)}")
         if self.warmup_steps < 0:
             raise ValueError(f"warmstart.warmup_steps must be >= 0, got {self.warmup_steps}")
-        for name in ("context_share", "same_task_share"):
+        for name in ("context_share", "same_task_share", "copy_share"):
             if not (0.0 <= getattr(self, name) <= 1.0):
                 raise ValueError(f"warmstart.{name} must be in [0, 1], got {getattr(self, name)}")
         if not (0 < self.lr < 1):
@@ -94,6 +95,25 @@ def build_examples(domain, encoder, episodes, cfg: WarmStartConfig, rng: random.
         ctx = _context_for(e.task, e, by_group, rng, cfg.same_task_share) if rng.random() < cfg.context_share else None
         examples.append(trajectory_ids(encoder, domain, e.task, ctx, e.turns))
     return examples, by_group
+
+
+def copy_examples(encoder, corpus: Sequence[str], n: int, rng: random.Random) -> list[tuple[list[int], list[int]]]:
+    """Synthetic copying: the user says ``repeat: <words>``, the agent repeats them.
+
+    An instruct LLM brings from pretraining the ability to copy a name or a
+    number from its prompt into its answer; a tiny model trained only on the
+    tasks memorizes instead (measured: right programs with the training
+    split's constants, wrong on held-out constants).  Words are drawn from the
+    domain's own training texts so the tokenizer and distribution stay in-domain.
+    """
+    words = sorted({w for text in corpus for w in text.replace("(", " ").replace(")", " ").replace(",", " ").split() if len(w) <= 12})
+    out = []
+    for _ in range(n):
+        text = " ".join(rng.choice(words) for _ in range(rng.randint(1, 6)))
+        ids = encoder.prompt([("user", f"repeat: {text}")])
+        ans = encoder.encode(text) + [encoder.eos_id]
+        out.append((ids + ans, [0] * len(ids) + [1] * len(ans)))
+    return out
 
 
 def _pad(batch, pad_id):
@@ -191,6 +211,9 @@ def warm_start(domain: TaskDomain, model_cfg: ModelConfig, cfg: WarmStartConfig,
     tokenizer = train_tokenizer(corpus, vocab_size=cfg.vocab_size)
     encoder = ChatEncoder(tokenizer)
     examples, by_group = build_examples(domain, encoder, episodes, cfg, rng)
+    if cfg.copy_share > 0:
+        n_copy = int(round(len(examples) * cfg.copy_share / (1 - cfg.copy_share))) if cfg.copy_share < 1 else len(examples)
+        examples += copy_examples(encoder, corpus, n_copy, rng)
     model = build_policy(model_cfg, tokenizer, seed)
     print(f"[warmstart] {domain.name} seed {seed}: {len(examples)} demos, {count_parameters(model) / 1e6:.2f} M parameters, vocab {len(tokenizer)}", file=sys.stderr, flush=True)
     losses = sft(model, examples, encoder.pad_id, cfg, seed)

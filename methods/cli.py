@@ -26,6 +26,20 @@ def _job(text: str) -> dict:
     return json.loads(text)
 
 
+def _fingerprint(job: dict, args) -> str:
+    """What a train checkpoint must match to be resumed: settings, seed, warm start, code."""
+    import hashlib
+
+    from methods.core.provenance import git_commit
+
+    h = hashlib.sha256(json.dumps(job, sort_keys=True).encode())
+    h.update(str(args.seed).encode())
+    ws_eval = Path(args.warmstart) / "eval.json"
+    h.update(ws_eval.read_bytes() if ws_eval.exists() else b"")
+    h.update(git_commit()["commit"].encode())
+    return h.hexdigest()
+
+
 def cmd_warmstart(args) -> None:
     from methods.core.registry import make_config
     from methods.core.loop import TrainConfig
@@ -92,7 +106,7 @@ def cmd_train(args) -> None:
     )
     method = cls(method_cfg, run)
     label = f"{job['method']} {job['domain']} s{args.seed}"
-    final = train(method, run, out, label=label)
+    final = train(method, run, out, label=label, fingerprint=_fingerprint(job, args))
     summary = {
         "domain": job["domain"],
         "domain_version": domain.version,

@@ -19,7 +19,7 @@ import torch
 
 from .core.batch import RolloutBatch, rows_of
 from .core.registry import Method, MethodConfig, register_method
-from .losses import grpo_outcome_advantage, ppo_clip_loss
+from .losses import AGG_MODES, grpo_outcome_advantage, ppo_clip_loss
 
 
 @dataclass
@@ -35,6 +35,8 @@ class GRPOConfig(MethodConfig):
         super().__post_init__()
         if self.group_size < 2:
             raise ValueError(f"group_size must be >= 2 for group-relative advantages, got {self.group_size}")
+        if self.loss_agg not in AGG_MODES:
+            raise ValueError(f"loss_agg must be one of {list(AGG_MODES)}, got {self.loss_agg!r}")
         for name in ("clip_low", "clip_high"):
             if not (0 < getattr(self, name) < 1):
                 raise ValueError(f"{name} must be in (0, 1), got {getattr(self, name)}")
@@ -69,6 +71,6 @@ class GRPO(Method):
 def _groups_with_variance(rewards: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
     """[N] bool: True where the rollout's group has at least two distinct rewards."""
     n_groups = int(group_index.max()) + 1
-    lo = torch.full((n_groups,), float("inf")).scatter_reduce(0, group_index, rewards, "amin")
-    hi = torch.full((n_groups,), float("-inf")).scatter_reduce(0, group_index, rewards, "amax")
+    lo = rewards.new_full((n_groups,), float("inf")).scatter_reduce(0, group_index, rewards, "amin")
+    hi = rewards.new_full((n_groups,), float("-inf")).scatter_reduce(0, group_index, rewards, "amax")
     return (hi - lo)[group_index] > 1e-8

@@ -101,3 +101,33 @@ def test_resume_after_interruption_matches_uninterrupted_run(method_name, warmst
     train(m, run, tmp_path / "cut")
     got = [json.loads(x) for x in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
     assert _strip_time(got) == _strip_time(ref)
+
+
+def test_a_checkpoint_of_another_job_is_not_resumed(warmstarts, tmp_path):
+    ws_path, _ = warmstarts["tooluse"]
+    m, run = _run("grpo", "tooluse", ws_path, tmp_path)
+    train(m, run, tmp_path, fingerprint="job-a")
+    # same job: nothing left to do, the finished run is reused
+    m, run = _run("grpo", "tooluse", ws_path, tmp_path)
+    train(m, run, tmp_path, fingerprint="job-a")
+    recs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert sum(r["kind"] == "train" for r in recs) == 2
+    # changed job: the stale checkpoint and metrics are discarded and the run starts afresh
+    m, run = _run("grpo", "tooluse", ws_path, tmp_path)
+    train(m, run, tmp_path, fingerprint="job-b")
+    recs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs if r["kind"] == "train"] == [1, 2]
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=False)["fingerprint"] == "job-b"
+
+
+def test_a_torn_metrics_line_does_not_block_resume(warmstarts, tmp_path):
+    ws_path, _ = warmstarts["tooluse"]
+    m, run = _run("grpo", "tooluse", ws_path, tmp_path)
+    train(m, run, tmp_path)
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"kind": "train", "st')  # killed mid-write
+    from methods.core.loop import MetricsLog
+
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    log.truncate_to_step(1)
+    assert [r["step"] for r in log.records()] == [0, 1, 1]

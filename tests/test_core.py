@@ -114,6 +114,9 @@ def test_shipped_config_validates():
         (lambda c: c["methods"].update(grpo={"clip_low": 2}), r"methods.grpo: clip_low must be in \(0, 1\)"),
         (lambda c: c["methods"].update(grpo={"group_size": 1}), "methods.grpo: group_size must be >= 2"),
         (lambda c: c["profiles"]["small"]["train"].update(learning_rate=1e-3), r"train: unknown field\(s\) \['learning_rate'\]"),
+        (lambda c: c["methods"].update(grpo={"group_size": 6}), r"train.rollout_budget \(1600\) must be a multiple of methods.grpo.group_size \(6\)"),
+        (lambda c: c["profiles"]["small"]["train"].update(eval_every=400), r"train.eval_every \(400\) must be a multiple of train.rollouts_per_step \(32\)"),
+        (lambda c: c["methods"].update(grpo={"loss_agg": "mean"}), "loss_agg must be one of"),
     ],
 )
 def test_invalid_config_names_the_field(mutate, message):

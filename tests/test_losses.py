@@ -21,8 +21,8 @@ from methods.losses import (  # noqa: E402
     ppo_clip_loss,
 )
 
-core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
-verl_config = pytest.importorskip("verl.workers.config")
+import verl.trainer.ppo.core_algos as core_algos  # noqa: E402  (a broken verl install must fail, not skip)
+import verl.workers.config as verl_config  # noqa: E402
 
 HYP = settings(max_examples=40, deadline=None, derandomize=True)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -24,7 +25,9 @@ def _copy_repo(dst: Path) -> None:
 
 def _snakemake(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "snakemake", "--cores", "2", *args]
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600)
+    # the rules call `python`: make it this interpreter even from a non-activated venv
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
 
 
 @pytest.mark.slow

@@ -66,8 +66,17 @@ def resolve_job(config: dict[str, Any], domain: str, method: str | None = None) 
         cls = get_method(method)
         over = _merge(methods.get(method) or {}, (prof.get("method_overrides") or {}).get(method, {}))
         out["method"] = method
-        out["method_config"] = asdict(make_config(cls.Config, over, f"methods.{method}"))
+        mcfg = make_config(cls.Config, over, f"methods.{method}")
+        out["method_config"] = asdict(mcfg)
+        check_budget(out["train"], mcfg.group_size, where=f"methods.{method}")
     return out
+
+
+def check_budget(train: dict[str, Any], group_size: int, where: str) -> None:
+    """Budgets match by construction only if every step is whole groups and the budget is whole steps."""
+    for name in ("rollout_budget", "rollouts_per_step"):
+        if train[name] % group_size:
+            raise ValueError(f"train.{name} ({train[name]}) must be a multiple of {where}.group_size ({group_size})")
 
 
 def validate(config: dict[str, Any]) -> None:

@@ -52,7 +52,7 @@ def evaluate(
 ) -> dict[str, float]:
     was_training = model.training
     model.eval()
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     contexts = [context_fn(t) for t in tasks] if context_fn else None
     rollouts = run_episodes(model, encoder, domain, tasks, contexts, sampling, generator=gen)
     model.train(was_training)

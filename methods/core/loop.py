@@ -67,6 +67,8 @@ class TrainConfig:
             raise ValueError(f"train.lr must be in (0, 1), got {self.lr}")
         if self.grad_clip <= 0 or self.weight_decay < 0:
             raise ValueError("train.grad_clip must be > 0 and train.weight_decay >= 0")
+        if self.eval_every % self.rollouts_per_step:
+            raise ValueError(f"train.eval_every ({self.eval_every}) must be a multiple of train.rollouts_per_step ({self.rollouts_per_step}), so that every method is evaluated at the same rollout counts")
         if self.temperature <= 0 or self.eval_temperature < 0:
             raise ValueError("train.temperature must be > 0 and train.eval_temperature >= 0")
 
@@ -147,7 +149,7 @@ class MetricsLog:
     def truncate_to_step(self, step: int) -> None:
         if not self.path.exists():
             return
-        keep = [ln for ln in self.path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
+        keep = [ln for ln in self.path.read_text().splitlines() if (rec := _parse(ln)) is not None and rec["step"] <= step]
         _atomic_write_bytes(self.path, lambda f: f.write("".join(k + "\n" for k in keep).encode()))
 
     def write(self, record: dict[str, Any]) -> None:
@@ -157,32 +159,50 @@ class MetricsLog:
     def records(self) -> list[dict[str, Any]]:
         if not self.path.exists():
             return []
-        return [json.loads(ln) for ln in self.path.read_text().splitlines() if ln.strip()]
+        return [r for ln in self.path.read_text().splitlines() if (r := _parse(ln)) is not None]
+
+
+def _parse(line: str) -> dict[str, Any] | None:
+    """A metrics line, or None for a blank or torn one (a kill mid-write)."""
+    try:
+        return json.loads(line) if line.strip() else None
+    except json.JSONDecodeError:
+        return None
 
 
 def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def train(method: Method, run: RunContext, out_dir: Path, label: str = "") -> dict[str, Any]:
-    """Train ``method`` until the rollout budget is spent.  Returns the final evaluation."""
+def train(method: Method, run: RunContext, out_dir: Path, label: str = "", fingerprint: str = "") -> dict[str, Any]:
+    """Train ``method`` until the rollout budget is spent.  Returns the final evaluation.
+
+    ``fingerprint`` identifies what the run is (job settings, warm start, code);
+    a checkpoint written under another fingerprint is discarded, not resumed.
+    """
     cfg, model, ledger, domain = run.train_cfg, run.model, run.ledger, run.domain
     out_dir.mkdir(parents=True, exist_ok=True)
     metrics = MetricsLog(out_dir / "metrics.jsonl")
     ckpt_path = out_dir / "checkpoint.pt"
     G = method.cfg.group_size
-    if cfg.rollouts_per_step < G:
-        raise ValueError(f"train.rollouts_per_step ({cfg.rollouts_per_step}) is smaller than {method.name}.group_size ({G})")
+    for name in ("rollout_budget", "rollouts_per_step"):
+        if getattr(cfg, name) % G:
+            raise ValueError(f"train.{name} ({getattr(cfg, name)}) must be a multiple of {method.name}.group_size ({G})")
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sampler = TaskSampler(domain.tasks("train"), run.seed)
     test_tasks = domain.tasks("test", cfg.eval_episodes)
-    gen = torch.Generator().manual_seed(run.seed)
+    gen = torch.Generator(device=run.device).manual_seed(run.seed)
     torch.manual_seed(run.seed)
     evals_done: list[int] = []
 
     if ckpt_path.exists():
-        state = torch.load(ckpt_path, map_location=run.device, weights_only=False)
+        state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        if state.get("fingerprint", "") != fingerprint:
+            _log(f"[{label}] {ckpt_path} belongs to another job (settings, warm start or code changed): starting afresh")
+            ckpt_path.unlink()
+            metrics.path.unlink(missing_ok=True)
+    if ckpt_path.exists():
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         method.load_state_dict(state["method"])
@@ -206,6 +226,7 @@ def train(method: Method, run: RunContext, out_dir: Path, label: str = "") -> di
             "generator": gen.get_state(),
             "torch_rng": torch.get_rng_state(),
             "evals_done": evals_done,
+            "fingerprint": fingerprint,
         }
         _atomic_write_bytes(ckpt_path, lambda f: torch.save(state, f))
 

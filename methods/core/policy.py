@@ -24,11 +24,10 @@ class ModelConfig:
     num_heads: int = 4
     intermediate_size: int = 512
     max_positions: int = 1024
-    vocab_size: int = 768
     checkpoint: str | None = None  # a local HF directory to start from instead
 
     def __post_init__(self):
-        for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_positions", "vocab_size"):
+        for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_positions"):
             if getattr(self, name) < 1:
                 raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}")
         if self.hidden_size % self.num_heads:

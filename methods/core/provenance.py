@@ -16,9 +16,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def git_commit() -> dict[str, Any]:
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return {"commit": "unknown", "dirty": None}
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
-        return {"commit": sha or "unknown", "dirty": bool(dirty)}
+        return {"commit": head.stdout.strip(), "dirty": bool(dirty)}
     except (OSError, subprocess.SubprocessError):
         return {"commit": "unknown", "dirty": None}
 

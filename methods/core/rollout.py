@@ -193,7 +193,9 @@ def _run_chunk(model, encoder, domain, tasks, contexts, cfg, generator) -> list[
             if over:
                 truncated[i] = True
                 continue
-            nxt = encoder.after_assistant() + encoder.message("tool", res.observation or "") + encoder.header("assistant")
+            # a turn cut at max_new_tokens is closed as the chat format requires (not an agent token)
+            close = [] if ids[i][-1] == encoder.eos_id else [encoder.eos_id]
+            nxt = close + encoder.after_assistant() + encoder.message("tool", res.observation or "") + encoder.header("assistant")
             if len(ids[i]) + len(nxt) >= cfg.max_seq_len:
                 truncated[i] = True
                 continue

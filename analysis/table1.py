@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from collections import defaultdict
 from pathlib import Path
 
 import pandas as pd
 
 from analysis.stats import bootstrap_ci
+from methods.core.provenance import write_text_atomic
 
 METRIC = "heldout_reward"
 COLUMNS = ["domain", "method", "metric", "mean", "ci_low", "ci_high", "n_seeds", "rollout_budget"]
@@ -110,10 +110,7 @@ def to_markdown(df: pd.DataFrame) -> str:
 
 
 def _write(path: str, text: str) -> None:
-    tmp = f"{path}.tmp"
-    Path(tmp).parent.mkdir(parents=True, exist_ok=True)
-    Path(tmp).write_text(text)
-    os.replace(tmp, path)
+    write_text_atomic(Path(path), text)
 
 
 def main(argv=None) -> None:

@@ -174,12 +174,18 @@ def known_domains() -> list[str]:
 def get_domain(name: str, seed: int = 0, **options: Any) -> TaskDomain:
     _import_builtin_domains()
     if name not in _DOMAINS:
-        import difflib
-
-        hint = difflib.get_close_matches(name, list(_DOMAINS), n=1)
-        extra = f" (did you mean {hint[0]!r}?)" if hint else ""
-        raise KeyError(f"unknown task {name!r}{extra}; known tasks: {', '.join(sorted(_DOMAINS))}")
+        raise unknown_name("task", name, _DOMAINS)
     return _DOMAINS[name](seed=seed, **options)
+
+
+def unknown_name(kind: str, name: str, known) -> KeyError:
+    """The error for an unknown name in any registry: a "did you mean" hint and the known names."""
+    import difflib
+
+    known = sorted(known)
+    hint = difflib.get_close_matches(name, known, n=1)
+    extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+    return KeyError(f"unknown {kind} {name!r}{extra}; known {kind}s: {', '.join(known)}")
 
 
 def _import_builtin_domains() -> None:

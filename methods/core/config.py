@@ -10,9 +10,10 @@ of Table 1, one line each, with its own overrides of its config dataclass.
 from __future__ import annotations
 
 import copy
-import difflib
 from dataclasses import asdict
 from typing import Any
+
+from tasks.base import unknown_name
 
 from .loop import TrainConfig
 from .policy import ModelConfig
@@ -27,18 +28,11 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def _unknown(kind: str, name: str, known) -> KeyError:
-    known = sorted(known)
-    hint = difflib.get_close_matches(name, known, n=1)
-    extra = f" (did you mean {hint[0]!r}?)" if hint else ""
-    return KeyError(f"unknown {kind} {name!r}{extra}; known {kind}s: {', '.join(known)}")
-
-
 def profile_section(config: dict[str, Any]) -> dict[str, Any]:
     name = config.get("profile", "small")
     profiles = config.get("profiles", {})
     if name not in profiles:
-        raise _unknown("profile", name, profiles)
+        raise unknown_name("profile", name, profiles)
     return profiles[name]
 
 
@@ -47,7 +41,7 @@ def resolve_job(config: dict[str, Any], domain: str, method: str | None = None) 
     from tasks.base import known_domains
 
     if domain not in known_domains():
-        raise _unknown("task", domain, known_domains())
+        raise unknown_name("task", domain, known_domains())
     prof = profile_section(config)
     prof = _merge(prof, prof.get("domain_overrides", {}).get(domain, {}))
     out = {
@@ -62,7 +56,7 @@ def resolve_job(config: dict[str, Any], domain: str, method: str | None = None) 
     if method is not None:
         methods = config.get("methods") or {}
         if method not in methods:
-            raise _unknown("method", method, methods)
+            raise unknown_name("method", method, methods)
         cls = get_method(method)
         over = _merge(methods.get(method) or {}, (prof.get("method_overrides") or {}).get(method, {}))
         out["method"] = method
@@ -86,7 +80,7 @@ def validate(config: dict[str, Any]) -> None:
     prof = profile_section(config)
     for m in config.get("methods") or {}:
         if m not in known_methods():
-            raise _unknown("method", m, known_methods())
+            raise unknown_name("method", m, known_methods())
     seeds = prof.get("seeds", [])
     if not seeds or any((not isinstance(s, int)) or s < 0 for s in seeds):
         raise ValueError(f"profiles.{config.get('profile')}.seeds must be a non-empty list of non-negative integers, got {seeds}")

@@ -39,9 +39,14 @@ def provenance() -> dict[str, Any]:
     return {"git": git_commit(), "versions": versions(), "host": platform.node(), "cpu_count": os.cpu_count()}
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write via a temporary file and rename, so a reader never sees half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")

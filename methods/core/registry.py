@@ -19,7 +19,6 @@ what context (if any) the student sees, what to precompute on a batch
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -123,9 +122,9 @@ def known_methods() -> list[str]:
 def get_method(name: str) -> type[Method]:
     _import_builtins()
     if name not in _METHODS:
-        hint = difflib.get_close_matches(name, list(_METHODS), n=1)
-        extra = f" (did you mean {hint[0]!r}?)" if hint else ""
-        raise KeyError(f"unknown method {name!r}{extra}; known methods: {', '.join(sorted(_METHODS))}")
+        from tasks.base import unknown_name
+
+        raise unknown_name("method", name, _METHODS)
     return _METHODS[name]
 
 

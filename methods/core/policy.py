@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 
 @dataclass
@@ -60,10 +60,36 @@ def load_policy(path: str | Path, device: str | torch.device = "cpu", dtype: tor
     path = Path(path)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"no model checkpoint at {path} (expected {path / 'config.json'})")
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    tokenizer.padding_side = "left"
+    tokenizer = load_tokenizer(path)
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype or torch.float32)
     return model.to(device), tokenizer
+
+
+def load_tokenizer(path: str | Path):
+    """The tokenizer saved at ``path``, exactly as it was trained.
+
+    ``AutoTokenizer`` resolves the class from the *model's* config: for a Qwen2
+    model it builds ``Qwen2Tokenizer``, which replaces the saved pre-tokenizer
+    with Qwen's regex and adds an NFC normalizer, so a locally trained
+    tokenizer would split text differently after a save/load round trip (it
+    did: code indentation changed tokens, and every train job read its warm
+    start with other ids than it was trained on).  A tokenizer saved from a
+    plain ``tokenizers`` object (class ``TokenizersBackend`` or
+    ``PreTrainedTokenizerFast``) is therefore loaded as such; a real
+    checkpoint that names its own class (``Qwen2Tokenizer``, ...) goes through
+    ``AutoTokenizer``.
+    """
+    import json
+
+    path = Path(path)
+    cfg_file = path / "tokenizer_config.json"
+    cls = json.loads(cfg_file.read_text()).get("tokenizer_class") if cfg_file.exists() else None
+    if cls in ("TokenizersBackend", "PreTrainedTokenizerFast") and (path / "tokenizer.json").exists():
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tokenizer.padding_side = "left"
+    return tokenizer
 
 
 def save_policy(model, tokenizer, path: str | Path) -> None:

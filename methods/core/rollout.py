@@ -1,11 +1,13 @@
-"""Batched multi-turn rollouts with a KV cache.
+"""Batched multi-turn rollouts with a KV cache kept across turns.
 
 ``sample`` decodes a batch of left-padded prompts token by token with a
 ``DynamicCache`` (one forward over the prompt, then one token per step), and
 stops a row at ``<|im_end|>``.  ``run_episodes`` drives many episodes at once:
 every turn, the still-running episodes are decoded together, their actions are
 stepped through the domain (in parallel where the domain supports it), and the
-observations are appended as ``tool`` messages before the next turn.
+observations are appended as ``tool`` messages before the next turn.  The
+cache survives between turns (:class:`_Batch`): a new turn feeds only the
+observation's tokens, and finished episodes are dropped from the batch.
 
 Each finished episode becomes a :class:`Rollout`: the full token sequence, a
 mask of the tokens the agent generated (the only tokens any loss touches), the
@@ -69,6 +71,92 @@ def _left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device) -> tuple[torch
     return ids.to(device), mask.to(device)
 
 
+class _Batch:
+    """KV-cached state of a batch of conversations that grow turn by turn.
+
+    Every row shares one column layout: a row's real tokens sit where its
+    attention mask is 1, padding (left padding of the first prompt, padding
+    inside later segments, tokens fed after a row finished) where it is 0.
+    Position ids count real tokens only, so RoPE sees each conversation exactly
+    as a full forward of its unpadded ids would.  Appending a turn therefore
+    costs a forward over the new tokens only, not a re-prefill of the whole
+    conversation, and finished conversations leave the batch.
+    """
+
+    def __init__(self, model, prompts: Sequence[Sequence[int]], pad_id: int):
+        self.model, self.pad_id = model, pad_id
+        self.device = next(model.parameters()).device
+        self.cache = DynamicCache()
+        self.attn = torch.zeros((len(prompts), 0), dtype=torch.long, device=self.device)
+        self.length = torch.zeros((len(prompts), 1), dtype=torch.long, device=self.device)  # real tokens per row
+        self.logits = None  # next-token logits of every row
+        self.extend(prompts)
+
+    def _forward(self, ids: torch.Tensor, real: torch.Tensor) -> None:
+        """Feed ``ids`` [B, S]; ``real`` [B, S] is 1 on real tokens, 0 on padding."""
+        pos = self.length + real.cumsum(-1) - 1
+        self.attn = torch.cat([self.attn, real], dim=1)
+        out = self.model(input_ids=ids, attention_mask=self.attn, position_ids=pos.clamp(min=0), past_key_values=self.cache, use_cache=True)
+        self.length = self.length + real.sum(-1, keepdim=True)
+        self.logits = out.logits[:, -1, :]
+
+    def extend(self, segments: Sequence[Sequence[int]]) -> None:
+        """Append one (non-empty) segment of tokens per row, left-padded to a common width."""
+        ids, real = _left_pad(segments, self.pad_id, self.device)
+        self._forward(ids, real)
+
+    def feed(self, tok: torch.Tensor, real: torch.Tensor) -> None:
+        """Append one token per row; rows with ``real`` False get a masked pad."""
+        self._forward(torch.where(real, tok, torch.full_like(tok, self.pad_id))[:, None], real.long()[:, None])
+
+    def select(self, rows: Sequence[int]) -> None:
+        """Keep only ``rows`` (in that order)."""
+        idx = torch.tensor(list(rows), dtype=torch.long, device=self.device)
+        self.cache.batch_select_indices(idx)
+        self.attn, self.length, self.logits = self.attn[idx], self.length[idx], self.logits[idx]
+
+    def decode(self, eos_id: int, max_new_tokens: int, temperature: float, generator, return_logprobs: bool):
+        """Sample one continuation per row, each ending at ``eos_id`` or cut at ``max_new_tokens``.
+
+        Returns (tokens, logprobs or None, unfed): every sampled token is in the
+        cache except each row's ``unfed`` tail (the tokens of the last step),
+        which the next :meth:`extend` must prepend to that row's segment.
+        """
+        B = self.logits.shape[0]
+        done = torch.zeros(B, dtype=torch.bool, device=self.device)
+        steps, step_logp, live = [], [], []
+        for t in range(max_new_tokens):
+            logits = self.logits
+            if temperature == 0:
+                tok = logits.argmax(-1)
+            else:
+                probs = torch.softmax(logits.float() / temperature, dim=-1)
+                tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            if return_logprobs:
+                scaled = logits.float() / (temperature if temperature > 0 else 1.0)
+                step_logp.append(torch.log_softmax(scaled, dim=-1).gather(-1, tok[:, None]).squeeze(-1))
+            alive = ~done
+            tok = torch.where(alive, tok, torch.full_like(tok, self.pad_id))
+            steps.append(tok)
+            live.append(alive)
+            done |= tok == eos_id
+            if bool(done.all()) or t + 1 == max_new_tokens:
+                break
+            self.feed(tok, alive)
+        gen = torch.stack(steps, dim=1).tolist()
+        lps = torch.stack(step_logp, dim=1).tolist() if return_logprobs else None
+        last_alive = live[-1].tolist()
+        tokens, logprobs, unfed = [], [], []
+        for i, row in enumerate(gen):
+            # rows are pad-filled only after their eos, so the kept prefix is contiguous
+            n = row.index(eos_id) + 1 if eos_id in row else len(row)
+            tokens.append(row[:n])
+            unfed.append([row[-1]] if last_alive[i] else [])
+            if lps is not None:
+                logprobs.append(lps[i][:n])
+        return tokens, (logprobs if return_logprobs else None), unfed
+
+
 @torch.no_grad()
 def sample(
     model,
@@ -90,45 +178,8 @@ def sample(
     Shapes: prompts are ragged lists; internally [B, T] left-padded with an
     attention mask and explicit position ids so that padding never shifts RoPE.
     """
-    device = next(model.parameters()).device
-    ids, attn = _left_pad(prompts, pad_id, device)
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache()
-    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True)
-    logits = out.logits[:, -1, :]
-    next_pos = pos[:, -1:] + 1
-    B = len(prompts)
-    done = torch.zeros(B, dtype=torch.bool, device=device)
-    steps: list[torch.Tensor] = []
-    step_logp: list[torch.Tensor] = []
-    for _ in range(max_new_tokens):
-        if temperature == 0:
-            tok = logits.argmax(-1)
-        else:
-            probs = torch.softmax(logits.float() / temperature, dim=-1)
-            tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-        if return_logprobs:
-            scaled = logits.float() / (temperature if temperature > 0 else 1.0)
-            step_logp.append(torch.log_softmax(scaled, dim=-1).gather(-1, tok[:, None]).squeeze(-1))
-        tok = torch.where(done, torch.full_like(tok, pad_id), tok)
-        steps.append(tok)
-        done |= tok == eos_id
-        if bool(done.all()):
-            break
-        attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=device)], dim=1)
-        out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos, past_key_values=cache, use_cache=True)
-        logits = out.logits[:, -1, :]
-        next_pos = next_pos + 1
-    gen = torch.stack(steps, dim=1).tolist()
-    lps = torch.stack(step_logp, dim=1).tolist() if return_logprobs else None
-    result, result_lp = [], []
-    for i, row in enumerate(gen):
-        # rows are pad-filled only after their eos, so the kept prefix is contiguous
-        n = row.index(eos_id) + 1 if eos_id in row else len(row)
-        result.append(row[:n])
-        if lps is not None:
-            result_lp.append(lps[i][:n])
-    return (result, result_lp) if return_logprobs else result
+    tokens, logprobs, _ = _Batch(model, prompts, pad_id).decode(eos_id, max_new_tokens, temperature, generator, return_logprobs)
+    return (tokens, logprobs) if return_logprobs else tokens
 
 
 def run_episodes(
@@ -157,6 +208,7 @@ def _initial_ids(encoder: ChatEncoder, domain: TaskDomain, task: Task, context: 
     return encoder.prompt(messages)
 
 
+@torch.no_grad()
 def _run_chunk(model, encoder, domain, tasks, contexts, cfg, generator) -> list[Rollout]:
     episodes = [domain.reset(t) for t in tasks]
     ids = [_initial_ids(encoder, domain, t, c) for t, c in zip(tasks, contexts)]
@@ -164,18 +216,10 @@ def _run_chunk(model, encoder, domain, tasks, contexts, cfg, generator) -> list[
     logps: list[list[float]] = [[] for _ in ids]
     truncated = [False] * len(tasks)
     active = [i for i, ep in enumerate(episodes) if not ep.done]
+    batch = _Batch(model, [ids[i] for i in active], encoder.pad_id) if active else None
     while active:
         room = [cfg.max_seq_len - len(ids[i]) for i in active]
-        gens, gen_lp = sample(
-            model,
-            [ids[i] for i in active],
-            encoder.eos_id,
-            encoder.pad_id,
-            max_new_tokens=max(1, min(cfg.max_new_tokens, max(room))),
-            temperature=cfg.temperature,
-            generator=generator,
-            return_logprobs=True,
-        )
+        gens, gen_lp, unfed = batch.decode(encoder.eos_id, max(1, min(cfg.max_new_tokens, max(room))), cfg.temperature, generator, True)
         actions = []
         for i, g, lp, r in zip(active, gens, gen_lp, room):
             g = g[: max(r, 0)]
@@ -184,8 +228,8 @@ def _run_chunk(model, encoder, domain, tasks, contexts, cfg, generator) -> list[
             masks[i] += [1] * len(g)
             actions.append(encoder.decode(g))
         results = domain.step_batch([episodes[i] for i in active], actions)
-        still = []
-        for i, res in zip(active, results):
+        keep, segments = [], []
+        for row, (i, res) in enumerate(zip(active, results)):
             ep = episodes[i]
             over = len(ids[i]) >= cfg.max_seq_len or len(ep.turns) >= tasks[i].max_turns
             if res.done or ep.done:
@@ -201,8 +245,13 @@ def _run_chunk(model, encoder, domain, tasks, contexts, cfg, generator) -> list[
                 continue
             ids[i] += nxt
             masks[i] += [0] * len(nxt)
-            still.append(i)
-        active = still
+            keep.append(row)
+            segments.append(unfed[row] + nxt)
+        active = [active[row] for row in keep]
+        if active:
+            if len(keep) < len(results):
+                batch.select(keep)
+            batch.extend(segments)
     return [
         Rollout(task=t, context=c, ids=ids[i], agent_mask=masks[i], agent_logprobs=logps[i], reward=float(ep.reward()), feedback=ep.feedback(), episode=ep, truncated=truncated[i])
         for i, (t, c, ep) in enumerate(zip(tasks, contexts, episodes))

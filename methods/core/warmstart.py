@@ -4,20 +4,34 @@ Every method in the paper starts from an instruct model that already follows
 instructions and already uses whatever context it is given.  A model trained
 from scratch has neither, so each (domain, seed) gets one cached warm start:
 
-1. run the scripted expert on ``n_demos`` training-split tasks;
+1. run the scripted expert on ``n_demos`` tasks: a share ``seen_group_share``
+   from the training split, the rest from the domain's ``warmstart`` split,
+   whose environment variants / projects are fresh every few tasks and never
+   appear in the train or test split.  The warm start thus learns the skills
+   (the call format, copying names, ids and constants, reading a context
+   block) on environments it cannot memorize, and meets the environments that
+   the methods train on as the paper's instruct model meets EnvScaler's: new
+   (measured: trained on 40k training-split demonstrations, both domains
+   memorized every training group's rules, and a same-group context block
+   *lowered* the likelihood of held-out expert turns, leaving nothing for
+   experience or privileged context to add);
 2. train a byte-level BPE tokenizer on the rendered demonstrations;
 3. build the policy from its config and fine-tune it (NLL on the agent's
    tokens only) for a deliberately limited number of steps, so that the model
    is mediocre (held-out reward ~0.2-0.5) and every method has room to improve;
 4. a share of the demonstrations (``context_share``) carries a *context block*
    in the one neutral format of :func:`tasks.base.render_user_message`: either a
-   solved trace of a *different* training task of the same group (environment
-   variant / problem family), or the task's own solution trace.  This gives the
+   solved trace of a *different* task of the same group (environment variant /
+   project), or the task's own solution trace.  This gives the
    model the in-context ability an LLM brings from pretraining, so that every
    privileged-context teacher can use its context;
 5. score the result on the held-out split (Table 1's "Vanilla") and measure
-   whether a same-group context block raises the likelihood of the expert's
-   turns on held-out tasks (the self-distillation methods depend on it).
+   whether a context block from a training task of the same group raises the
+   likelihood of the expert's turns on held-out tasks (every method that uses
+   experience or privileged context depends on it).
+
+Batches are drawn from length-sorted pools (``bucket_batches``): with random
+batches 44-47 % of every padded batch was padding.
 """
 
 from __future__ import annotations
@@ -33,7 +47,6 @@ import torch
 
 from tasks.base import Episode, Task, TaskDomain, format_trace
 
-from .batch import token_logprobs
 from .evaluate import evaluate
 from .policy import ModelConfig, build_policy, count_parameters
 from .rollout import SamplingConfig, trajectory_ids
@@ -42,15 +55,17 @@ from .tokenizer import ChatEncoder, train_tokenizer
 
 @dataclass
 class WarmStartConfig:
-    n_demos: int = 5000  # expert demonstrations from the training split
-    steps: int = 800
+    n_demos: int = 40000  # expert demonstrations (each seen about once: steps * batch_size ~ n_demos)
+    seen_group_share: float = 0.0  # share of demonstrations from the training split (the rest: fresh warm-start groups)
+    steps: int = 1500
     batch_size: int = 32
     lr: float = 1e-3
     warmup_steps: int = 50
     context_share: float = 0.3  # share of demonstrations that carry a context block
     same_task_share: float = 0.5  # of those, share whose context is the task's own solution (else a same-group example)
     vocab_size: int = 768
-    likelihood_tasks: int = 100  # held-out tasks for the context-likelihood check
+    likelihood_tasks: int = 200  # held-out tasks for the context-likelihood check
+    bucket_batches: bool = True  # draw each batch from a length-sorted pool of 16 batches (less padding)
     copy_share: float = 0.0  # share of extra synthetic "repeat: <text>" examples (a pretraining-like copy skill)
 
     def __post_init__(self):
@@ -59,7 +74,7 @@ class WarmStartConfig:
                 raise ValueError(f"warmstart.{name} must be >= 1, got {getattr(self, name)}")
         if self.warmup_steps < 0:
             raise ValueError(f"warmstart.warmup_steps must be >= 0, got {self.warmup_steps}")
-        for name in ("context_share", "same_task_share", "copy_share"):
+        for name in ("context_share", "same_task_share", "copy_share", "seen_group_share"):
             if not (0.0 <= getattr(self, name) <= 1.0):
                 raise ValueError(f"warmstart.{name} must be in [0, 1], got {getattr(self, name)}")
         if not (0 < self.lr < 1):
@@ -128,6 +143,44 @@ def _pad(batch, pad_id):
     return ids, attn, mask[:, 1:]
 
 
+def masked_nll(model, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed NLL of the next tokens where ``mask`` [B, T-1] is 1, and the token count.
+
+    Only the masked positions go through the output head and the softmax: the
+    agent's tokens are a fifth of a warm-start sequence, so this spares most of
+    the [B, T, V] logits that ``token_logprobs`` would build.
+    """
+    hidden = model.base_model(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state[:, :-1]
+    keep = mask.bool()
+    logits = model.get_output_embeddings()(hidden[keep]).float()
+    nll = torch.nn.functional.cross_entropy(logits, ids[:, 1:][keep], reduction="sum")
+    return nll, keep.sum()
+
+
+def batch_stream(examples, batch_size: int, seed: int, bucket: bool = True, pool_batches: int = 16):
+    """Endless batches over shuffled epochs of ``examples``.
+
+    With ``bucket``, each pool of ``pool_batches`` batches is sorted by length
+    before it is cut into batches (which are then served in random order), so a
+    batch pads to nearly its own length.  Every example is served once per epoch
+    either way.
+    """
+    rng = random.Random(f"sft/{seed}")
+    order: list[int] = []
+    while True:
+        if len(order) < batch_size * pool_batches:
+            epoch = list(range(len(examples)))
+            rng.shuffle(epoch)
+            order += epoch
+        pool, order = order[: batch_size * pool_batches], order[batch_size * pool_batches :]
+        if bucket:
+            pool.sort(key=lambda i: len(examples[i][0]))
+        chunks = [pool[k : k + batch_size] for k in range(0, len(pool), batch_size)]
+        rng.shuffle(chunks)
+        for chunk in chunks:
+            yield [examples[i] for i in chunk]
+
+
 def sft(model, examples, pad_id: int, cfg: WarmStartConfig, seed: int, log_every: int = 100) -> list[float]:
     """NLL on agent tokens, AdamW, linear warm-up then cosine decay to 10 %."""
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
@@ -135,15 +188,14 @@ def sft(model, examples, pad_id: int, cfg: WarmStartConfig, seed: int, log_every
         opt,
         lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s / cfg.steps, 1.0)))),
     )
-    rng = random.Random(f"sft/{seed}")
     model.train()
     losses = []
     t0 = time.perf_counter()
+    batches = batch_stream(examples, cfg.batch_size, seed, bucket=cfg.bucket_batches)
     for step in range(cfg.steps):
-        batch = [examples[rng.randrange(len(examples))] for _ in range(cfg.batch_size)]
-        ids, attn, mask = _pad(batch, pad_id)
-        logp, _ = token_logprobs(model, ids, attn)
-        loss = -(logp * mask).sum() / mask.sum().clamp(min=1)
+        ids, attn, mask = _pad(next(batches), pad_id)
+        nll, count = masked_nll(model, ids, attn, mask)
+        loss = nll / count.clamp(min=1)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -164,20 +216,27 @@ def mean_agent_logprob(model, encoder, domain, items) -> float:
     for start in range(0, len(items), 32):
         chunk = [trajectory_ids(encoder, domain, t, c, turns) for t, c, turns in items[start : start + 32]]
         ids, attn, mask = _pad(chunk, encoder.pad_id)
-        logp, _ = token_logprobs(model, ids, attn)
-        tot += float((logp * mask).sum())
-        cnt += float(mask.sum())
+        nll, count = masked_nll(model, ids, attn, mask)
+        tot -= float(nll)
+        cnt += float(count)
     return tot / max(cnt, 1.0)
 
 
-def context_likelihood_check(model, encoder, domain, train_by_group, n: int, seed: int) -> dict[str, float]:
-    """Does a context block from the same group raise the likelihood of the expert's
-    turns on held-out tasks?  Compared with no context and with a block from another group."""
+def context_likelihood_check(model, encoder, domain, n: int, seed: int, pool: int = 2000) -> dict[str, float]:
+    """Does a context block from a *training* task of the same group raise the
+    likelihood of the expert's turns on held-out tasks?  Compared with no context,
+    with a block from a training task of another group, and with the task's own
+    solution trace.  A same-group block is what retrieval (retrieval RL, LOPD's
+    bank) hands a policy or teacher; the own solution is what OPSD's reference,
+    SDPO's successful sibling and SDFT's demonstration hand a teacher."""
     rng = random.Random(f"ctxcheck/{seed}")
-    test = [t for t in domain.tasks("test") if t.group_id in train_by_group][:n]
+    train_by_group: dict[str, list[Episode]] = {}
+    for e in expert_episodes(domain, domain.tasks("train", pool)):
+        train_by_group.setdefault(e.task.group_id, []).append(e)
+    test = [t for t in domain.tasks("test", 4 * n) if t.group_id in train_by_group][:n]
     eps = expert_episodes(domain, test)
     groups = sorted(train_by_group)
-    none, same, other = [], [], []
+    none, same, other, own = [], [], [], []
     for e in eps:
         ex = rng.choice(train_by_group[e.task.group_id])
         g2 = rng.choice([g for g in groups if g != e.task.group_id] or groups)
@@ -185,14 +244,17 @@ def context_likelihood_check(model, encoder, domain, train_by_group, n: int, see
         none.append((e.task, None, e.turns))
         same.append((e.task, format_trace(ex.task, ex.turns), e.turns))
         other.append((e.task, format_trace(ex2.task, ex2.turns), e.turns))
+        own.append((e.task, format_trace(e.task, e.turns, with_task=False), e.turns))
     res = {
         "logp_no_context": mean_agent_logprob(model, encoder, domain, none),
         "logp_same_group_context": mean_agent_logprob(model, encoder, domain, same),
         "logp_other_group_context": mean_agent_logprob(model, encoder, domain, other),
+        "logp_own_solution_context": mean_agent_logprob(model, encoder, domain, own),
         "context_check_tasks": len(eps),
     }
     res["context_gain_same_group"] = res["logp_same_group_context"] - res["logp_no_context"]
     res["context_gain_other_group"] = res["logp_other_group_context"] - res["logp_no_context"]
+    res["context_gain_own_solution"] = res["logp_own_solution_context"] - res["logp_no_context"]
     return res
 
 
@@ -200,17 +262,19 @@ def warm_start(domain: TaskDomain, model_cfg: ModelConfig, cfg: WarmStartConfig,
     """Returns (model, tokenizer, report dict)."""
     t0 = time.perf_counter()
     rng = random.Random(f"warmstart/{seed}")
-    train_tasks = domain.tasks("train", cfg.n_demos)
-    episodes = expert_episodes(domain, train_tasks)
+    n_seen = int(round(cfg.n_demos * cfg.seen_group_share))
+    demo_tasks = domain.tasks("train", n_seen) if n_seen else []
+    demo_tasks += domain.tasks("warmstart", cfg.n_demos - n_seen) if cfg.n_demos > n_seen else []
+    episodes = expert_episodes(domain, demo_tasks)
     bad = [e.task.task_id for e in episodes if e.reward() < 1.0]
     if bad:
-        raise RuntimeError(f"the scripted expert failed {len(bad)} training tasks, e.g. {bad[:3]}")
+        raise RuntimeError(f"the scripted expert failed {len(bad)} demonstration tasks, e.g. {bad[:3]}")
     t_demo = time.perf_counter() - t0
     # The tokenizer sees the rendered demonstrations (with and without context blocks).
     corpus = [format_trace(e.task, e.turns) for e in episodes] + [domain.system_message(), "user assistant tool system context: task:"]
     tokenizer = train_tokenizer(corpus, vocab_size=cfg.vocab_size)
     encoder = ChatEncoder(tokenizer)
-    examples, by_group = build_examples(domain, encoder, episodes, cfg, rng)
+    examples, _ = build_examples(domain, encoder, episodes, cfg, rng)
     if cfg.copy_share > 0:
         n_copy = int(round(len(examples) * cfg.copy_share / (1 - cfg.copy_share))) if cfg.copy_share < 1 else len(examples)
         examples += copy_examples(encoder, corpus, n_copy, rng)
@@ -221,10 +285,12 @@ def warm_start(domain: TaskDomain, model_cfg: ModelConfig, cfg: WarmStartConfig,
     test_tasks = domain.tasks("test", eval_episodes)
     heldout = evaluate(model, encoder, domain, test_tasks, sampling, seed=seed)
     train_eval = evaluate(model, encoder, domain, domain.tasks("train", eval_episodes), sampling, seed=seed)
-    ctx = context_likelihood_check(model, encoder, domain, by_group, cfg.likelihood_tasks, seed)
+    ctx = context_likelihood_check(model, encoder, domain, cfg.likelihood_tasks, seed)
     report = {
         **heldout,
         "train_reward": train_eval["heldout_reward"],
+        "demos_seen_groups": n_seen,
+        "demos_warmstart_groups": len(demo_tasks) - n_seen,
         **ctx,
         "final_nll": sum(losses[-50:]) / len(losses[-50:]),
         "parameters": count_parameters(model),

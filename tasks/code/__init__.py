@@ -37,7 +37,7 @@ __all__ = [
     "project_templates",
 ]
 
-_DEFAULT_SIZES = {"train": 5000, "test": 300}
+_DEFAULT_SIZES = {"train": 5000, "test": 300, "warmstart": 40000}
 _FENCE = re.compile(r"```[a-zA-Z0-9_+-]*[ \t]*\n?(.*?)(?:```|\Z)", re.DOTALL)
 
 
@@ -114,7 +114,7 @@ class CodeDomain(TaskDomain):
 
     def tasks(self, split: str, n: int | None = None) -> list[Task]:
         if split not in _DEFAULT_SIZES:
-            raise ValueError(f"unknown split {split!r}; expected 'train' or 'test'")
+            raise ValueError(f"unknown split {split!r}; expected one of {', '.join(_DEFAULT_SIZES)}")
         n = _DEFAULT_SIZES[split] if n is None else n
         if len(self._cache.get(split, ())) < n:
             self._cache[split] = [self._task(split, i, t) for i, t in enumerate(generate(self.seed, split, n))]

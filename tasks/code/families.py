@@ -43,6 +43,8 @@ __all__ = [
     "CONVENTIONS",
     "TEMPLATES",
     "PROJECTS",
+    "WARMSTART_PROJECT_BASE",
+    "warmstart_project",
     "PRE_CONVENTIONS",
     "WRAP_CONVENTIONS",
     "render_reference",
@@ -190,6 +192,23 @@ def _make_projects(n_train: int = 60, n_test_only: int = 15) -> tuple[Project, .
 
 
 PROJECTS: tuple[Project, ...] = _make_projects()
+
+#: first id of the warm-start projects (three digits; the train/test projects have two)
+WARMSTART_PROJECT_BASE = 100
+
+
+def warmstart_project(g: int) -> Project:
+    """Warm-start project ``g``: a fresh convention set (one convention or an
+    input+output pair, drawn like the train projects') under an id no train or
+    test project has.  The warm start meets each such project in a handful of
+    tasks only, so it cannot memorize project -> convention and must learn to
+    read conventions from a context block (small-profile.md section 2)."""
+    rng = random.Random(f"code-v2:warmstart-project:{g}")
+    if rng.random() < 0.4:
+        convs = (rng.choice(list(CONVENTIONS)),)
+    else:
+        convs = (rng.choice(PRE_CONVENTIONS).name, rng.choice(WRAP_CONVENTIONS).name)
+    return Project(f"p-{WARMSTART_PROJECT_BASE + g}", convs, False)
 
 
 def render_reference(template: Template, params: dict, conventions: tuple[str, ...] = ()) -> str:

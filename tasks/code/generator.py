@@ -31,7 +31,7 @@ import itertools
 import random
 from typing import Callable
 
-from tasks.code.families import CONVENTIONS, PROJECTS, TEMPLATES, Project, Template, render_reference
+from tasks.code.families import CONVENTIONS, PROJECTS, TEMPLATES, Project, Template, render_reference, warmstart_project
 
 __all__ = ["generate", "split_of_prompt", "applied_conventions", "project_templates"]
 
@@ -262,8 +262,38 @@ def _one_task(rng: random.Random, project: Project, template: Template, split: s
     }
 
 
+#: tasks per warm-start project (one demonstration and its same-project context examples)
+WARMSTART_TASKS_PER_PROJECT = 4
+
+
+def _generate_warmstart(seed: int, n: int) -> list[dict]:
+    """Warm-start stream: fresh projects (:func:`warmstart_project`), a few tasks each,
+    with the train split's (template, constants) pairs, so no test pair is seen."""
+    rng = random.Random(f"code-v2:{seed}:warmstart")
+    out: list[dict] = []
+    prompts: set[str] = set()
+    g = 0
+    while len(out) < n:
+        project = warmstart_project(g)
+        templates = list(project_templates(project))
+        rng.shuffle(templates)
+        got = 0
+        for template in templates * 3:
+            task = _one_task(rng, project, template, "train")
+            if task is not None and task["prompt"] not in prompts:
+                prompts.add(task["prompt"])
+                out.append(task)
+                got += 1
+                if got == WARMSTART_TASKS_PER_PROJECT or len(out) == n:
+                    break
+        g += 1
+    return out
+
+
 def generate(seed: int, split: str, n: int) -> list[dict]:
     """The first ``n`` task dicts of the deterministic ``split`` stream."""
+    if split == "warmstart":
+        return _generate_warmstart(seed, n)
     rng = random.Random(f"code-v2:{seed}:{split}")
     seen_projects = [p for p in PROJECTS if not p.test_only]
     new_projects = [p for p in PROJECTS if p.test_only]

@@ -24,7 +24,7 @@ from .generate import make_task
 
 __all__ = ["ToolUseDomain", "ToolEpisode"]
 
-_DEFAULT_N = {"train": 5000, "test": 300}
+_DEFAULT_N = {"train": 5000, "test": 300, "warmstart": 40000}
 
 
 @register_domain
@@ -35,7 +35,7 @@ class ToolUseDomain(TaskDomain):
 
     def tasks(self, split: str, n: int | None = None) -> list[Task]:
         if split not in _DEFAULT_N:
-            raise ValueError(f"unknown split {split!r}; expected 'train' or 'test'")
+            raise ValueError(f"unknown split {split!r}; expected one of {', '.join(_DEFAULT_N)}")
         count = _DEFAULT_N[split] if n is None else n
         return [make_task(self.seed, split, i) for i in range(count)]
 

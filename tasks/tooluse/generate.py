@@ -16,7 +16,7 @@ from .envs import simulate
 from .kinds import KINDS
 from .variants import N_TEST_VARIANTS, N_TRAIN_VARIANTS, make_variant
 
-__all__ = ["DOMAIN", "TEST_ONLY_FRACTION", "MAX_TURNS", "make_task", "task_for", "all_template_ids"]
+__all__ = ["DOMAIN", "TEST_ONLY_FRACTION", "MAX_TURNS", "WARMSTART_VARIANT_BASE", "make_task", "task_for", "all_template_ids"]
 
 DOMAIN = "tooluse"
 TEST_ONLY_FRACTION = 0.2
@@ -28,7 +28,17 @@ def all_template_ids() -> list[str]:
     return [tid for kind in KINDS.values() for tid, _ in kind.templates]
 
 
-def _variant_index(rng: random.Random, split: str) -> int:
+#: first variant index of the warm-start split, far above the train and test variants
+WARMSTART_VARIANT_BASE = 100_000
+#: tasks per warm-start variant (one demonstration and its same-variant context examples)
+WARMSTART_TASKS_PER_VARIANT = 4
+
+
+def _variant_index(rng: random.Random, split: str, i: int) -> int:
+    if split == "warmstart":
+        # a fresh variant every few tasks: the warm start cannot memorize any
+        # variant's rules and must learn to read them from a context block
+        return WARMSTART_VARIANT_BASE + i // WARMSTART_TASKS_PER_VARIANT
     if split == "test" and rng.random() < TEST_ONLY_FRACTION:
         return N_TRAIN_VARIANTS + rng.randrange(N_TEST_VARIANTS)
     return rng.randrange(N_TRAIN_VARIANTS)
@@ -36,8 +46,11 @@ def _variant_index(rng: random.Random, split: str) -> int:
 
 def make_task(seed: int, split: str, i: int) -> Task:
     rng = random.Random(f"tooluse-task:{seed}:{split}:{i}")
-    kind = KINDS[rng.choice(_KIND_NAMES)]
-    variant = make_variant(kind, _variant_index(rng, split))
+    if split == "warmstart":  # the tasks of one warm-start variant share its kind
+        kind = KINDS[random.Random(f"tooluse-warmstart-kind:{i // WARMSTART_TASKS_PER_VARIANT}").choice(_KIND_NAMES)]
+    else:
+        kind = KINDS[rng.choice(_KIND_NAMES)]
+    variant = make_variant(kind, _variant_index(rng, split, i))
     template_id, make = rng.choice(kind.templates)
     return _build(rng, seed, split, i, variant, template_id, make)
 

@@ -1,0 +1,96 @@
+"""The warm start's data: fresh warm-start groups, leak-free, and its batching."""
+
+from __future__ import annotations
+
+import collections
+import random
+
+import pytest
+
+from methods.core.warmstart import WarmStartConfig, batch_stream, expert_episodes
+from tasks.base import get_domain
+
+DOMAINS = ["tooluse", "code"]
+
+
+@pytest.fixture(scope="module", params=DOMAINS)
+def domain(request):
+    d = get_domain(request.param, seed=0)
+    yield d
+    d.close()
+
+
+def test_warmstart_groups_are_fresh_and_shared_by_a_few_tasks(domain):
+    ws = domain.tasks("warmstart", 400)
+    seen = {t.group_id for t in domain.tasks("train", 3000)} | {t.group_id for t in domain.tasks("test")}
+    sizes = collections.Counter(t.group_id for t in ws)
+    assert not set(sizes) & seen, "a warm-start group is also a train or test group"
+    # a few tasks per group: enough for same-group context blocks, too few to memorize a group
+    assert 2 <= min(sizes.values()) and max(sizes.values()) <= 8
+    assert len(sizes) >= 50
+    assert len({t.prompt for t in ws}) == len(ws)
+    assert {t.split for t in ws} == {"warmstart"}
+    # deterministic, and a prefix of the longer stream
+    assert [t.prompt for t in domain.tasks("warmstart", 100)] == [t.prompt for t in ws[:100]]
+
+
+def test_expert_solves_warmstart_tasks(domain):
+    eps = expert_episodes(domain, domain.tasks("warmstart", 60))
+    assert all(e.reward() == 1.0 for e in eps)
+
+
+def test_warmstart_never_shows_a_test_prompt_or_test_names(domain):
+    test = domain.tasks("test")
+    ws = domain.tasks("warmstart", 2000)
+    assert not {t.prompt for t in test} & {t.prompt for t in ws}
+    if domain.name == "code":
+        # the (template, constants) pairs held out for the test split stay unseen
+        from tasks.code.generator import _combos_by_split, _key
+        from tasks.code.families import TEMPLATES
+
+        by_name = {t.name: t for t in TEMPLATES}
+        for t in ws:
+            tmpl = by_name[t.template_id]
+            combos = _combos_by_split(tmpl)
+            if len(tmpl.combos()) >= 3:
+                assert _key(t.payload["params"]) not in {_key(c) for c in combos["test"]}, t.prompt
+    else:
+        from tasks.tooluse.names import words
+
+        def instruction_words(t):
+            return set(t.prompt.splitlines()[-1].lower().replace(".", " ").split())
+
+        # pool words that templates also use ("move" = "mo" + "ve") occur in train instructions too
+        test_words = set(words("test")) - set().union(*(instruction_words(t) for t in domain.tasks("train", 3000)))
+        for t in ws:
+            assert not test_words & instruction_words(t), t.prompt
+
+
+def test_unknown_split_lists_the_known_ones(domain):
+    with pytest.raises(ValueError, match="warmstart"):
+        domain.tasks("dev", 3)
+
+
+def test_batch_stream_serves_every_example_once_per_epoch_and_buckets():
+    rng = random.Random(0)
+    examples = [([0] * rng.randint(5, 300), [1]) for _ in range(640)]
+    for bucket in (False, True):
+        stream = batch_stream(examples, 32, seed=1, bucket=bucket, pool_batches=4)
+        served = [id(x) for _ in range(20) for x in next(stream)]
+        assert collections.Counter(served) == collections.Counter(id(x) for x in examples)
+
+    def padding(bucket):
+        stream = batch_stream(examples, 32, seed=1, bucket=bucket, pool_batches=16)
+        pad = total = 0
+        for _ in range(20):
+            lens = [len(x[0]) for x in next(stream)]
+            pad += max(lens) * len(lens) - sum(lens)
+            total += max(lens) * len(lens)
+        return pad / total
+
+    assert padding(True) < 0.1 < 0.3 < padding(False)
+
+
+def test_config_bounds():
+    with pytest.raises(ValueError, match="seen_group_share"):
+        WarmStartConfig(seen_group_share=1.5)

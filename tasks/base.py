@@ -131,8 +131,15 @@ class TaskDomain(abc.ABC):
 
     @abc.abstractmethod
     def tasks(self, split: str, n: int | None = None) -> list[Task]:
-        """The first ``n`` tasks of ``split`` ("train" or "test"), deterministic in
-        ``self.seed``.  ``n=None`` returns the domain's default split size."""
+        """The first ``n`` tasks of ``split``, deterministic in ``self.seed``.
+        ``n=None`` returns the domain's default split size.
+
+        Splits: ``train`` and ``test`` (the methods' world: test holds unseen
+        tasks on the train split's groups plus a share of unseen groups), and
+        ``warmstart``: tasks on fresh groups (environment variants / projects),
+        a few tasks each, that no other split contains -- the stand-in for
+        pretraining data (``methods/core/warmstart.py``).  A domain loaded from
+        a real benchmark may have no ``warmstart`` split; a real model needs none."""
 
     @abc.abstractmethod
     def reset(self, task: Task) -> Episode:

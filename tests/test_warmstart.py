@@ -94,3 +94,32 @@ def test_batch_stream_serves_every_example_once_per_epoch_and_buckets():
 def test_config_bounds():
     with pytest.raises(ValueError, match="seen_group_share"):
         WarmStartConfig(seen_group_share=1.5)
+
+
+def test_recovery_demos_mask_the_corrupted_call_and_still_solve_the_task(domain):
+    from methods.core.rollout import trajectory_ids
+    from methods.core.tokenizer import ChatEncoder, train_tokenizer
+    from methods.core.warmstart import recovery_demos
+    from tasks.base import format_trace
+
+    eps = expert_episodes(domain, domain.tasks("warmstart", 120))
+    noisy = recovery_demos(domain, eps, 1.0, random.Random(0))
+    if domain.name == "code":  # single-turn: there is nothing to recover in
+        assert noisy == {}
+        return
+    assert len(noisy) > 40
+    enc = ChatEncoder(train_tokenizer([format_trace(e.task, e.turns) for e in eps], vocab_size=400))
+    for i, (turns, masked) in noisy.items():
+        clean = eps[i]
+        (k,) = masked
+        assert len(turns) == len(clean.turns) + 1 and k < len(turns) - 1
+        assert turns[k].action != clean.turns[k].action and turns[k + 1].action == clean.turns[k].action
+        replay = domain.reset(clean.task)
+        for t in turns:
+            replay.step(t.action)
+        assert replay.done and replay.reward() == 1.0
+        ids, mask = trajectory_ids(enc, domain, clean.task, None, turns, masked)
+        _, mask_clean = trajectory_ids(enc, domain, clean.task, None, turns)
+        assert sum(mask_clean) - sum(mask) == len(enc.encode(turns[k].action)) + 1
+    assert sum("error" in (turns[k].observation or "") for turns, (k,) in noisy.values()) > 0.8 * len(noisy)
+    assert recovery_demos(domain, eps, 0.0, random.Random(0)) == {}

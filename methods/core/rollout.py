@@ -263,15 +263,16 @@ def initial_prompt_ids(encoder: ChatEncoder, domain: TaskDomain, task: Task, con
     return _initial_ids(encoder, domain, task, context)
 
 
-def trajectory_ids(encoder: ChatEncoder, domain: TaskDomain, task: Task, context: str | None, turns) -> tuple[list[int], list[int]]:
+def trajectory_ids(encoder: ChatEncoder, domain: TaskDomain, task: Task, context: str | None, turns, masked_turns=()) -> tuple[list[int], list[int]]:
     """Canonical ids and agent mask of a finished trajectory (e.g. an expert demonstration),
-    laid out exactly as :func:`run_episodes` lays out a sampled one."""
+    laid out exactly as :func:`run_episodes` lays out a sampled one.  The actions of
+    ``masked_turns`` (turn indices) stay in the sequence but out of the mask."""
     ids = _initial_ids(encoder, domain, task, context)
     mask = [0] * len(ids)
     for k, turn in enumerate(turns):
         act = encoder.encode(turn.action) + [encoder.eos_id]
         ids += act
-        mask += [1] * len(act)
+        mask += [0 if k in masked_turns else 1] * len(act)
         if k + 1 < len(turns):
             nxt = encoder.after_assistant() + encoder.message("tool", turn.observation or "") + encoder.header("assistant")
             ids += nxt

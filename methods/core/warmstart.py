@@ -17,8 +17,11 @@ from scratch has neither, so each (domain, seed) gets one cached warm start:
    experience or privileged context to add);
 2. train a byte-level BPE tokenizer on the rendered demonstrations;
 3. build the policy from its config and fine-tune it (NLL on the agent's
-   tokens only) for a deliberately limited number of steps, so that the model
-   is mediocre (held-out reward ~0.2-0.5) and every method has room to improve;
+   tokens only) for about one epoch (``steps * batch_size ~ n_demos``: fewer,
+   repeated demonstrations are memorized; 600 steps left held-out reward ~0
+   because copying had not formed yet).  The policy is mediocre on the
+   methods' environments because it has never seen them, which leaves every
+   method room to improve;
 4. a share of the demonstrations (``context_share``) carries a *context block*
    in the one neutral format of :func:`tasks.base.render_user_message`: either a
    solved trace of a *different* task of the same group (environment variant /
@@ -67,6 +70,7 @@ class WarmStartConfig:
     likelihood_tasks: int = 200  # held-out tasks for the context-likelihood check
     bucket_batches: bool = True  # draw each batch from a length-sorted pool of 16 batches (less padding)
     copy_share: float = 0.0  # share of extra synthetic "repeat: <text>" examples (a pretraining-like copy skill)
+    recovery_share: float = 0.0  # share of multi-turn demonstrations with one corrupted call and the recovery from its error
 
     def __post_init__(self):
         for name in ("n_demos", "steps", "batch_size", "vocab_size", "likelihood_tasks"):
@@ -74,7 +78,7 @@ class WarmStartConfig:
                 raise ValueError(f"warmstart.{name} must be >= 1, got {getattr(self, name)}")
         if self.warmup_steps < 0:
             raise ValueError(f"warmstart.warmup_steps must be >= 0, got {self.warmup_steps}")
-        for name in ("context_share", "same_task_share", "copy_share", "seen_group_share"):
+        for name in ("context_share", "same_task_share", "copy_share", "seen_group_share", "recovery_share"):
             if not (0.0 <= getattr(self, name) <= 1.0):
                 raise ValueError(f"warmstart.{name} must be in [0, 1], got {getattr(self, name)}")
         if not (0 < self.lr < 1):
@@ -101,14 +105,60 @@ def _context_for(task: Task, own: Episode, by_group: dict[str, list[Episode]], r
     return format_trace(ex.task, ex.turns)
 
 
+def _corrupt(action: str, rng: random.Random) -> str | None:
+    """``action`` with one letter or digit changed (None if it has neither)."""
+    spots = [i for i, ch in enumerate(action) if ch.isalnum()]
+    if not spots:
+        return None
+    i = rng.choice(spots)
+    pool = "0123456789" if action[i].isdigit() else "abcdefghijklmnopqrstuvwxyz"
+    return action[:i] + rng.choice([c for c in pool if c != action[i].lower()]) + action[i + 1 :]
+
+
+def recovery_demos(domain, episodes: Sequence[Episode], share: float, rng: random.Random) -> dict[int, tuple[list, frozenset[int]]]:
+    """Noisy demonstrations (small-profile.md section 2) for multi-turn tasks.
+
+    In a share of the demonstrations one expert call (never the last) has one
+    character changed; the environment answers with its error, and the expert
+    carries on from there.  The corrupted call stays in the sequence but out of
+    the loss, so the model learns to *recover* from an error observation (which
+    the expert's clean traces never show), not to make the error.  Kept only
+    where the corrupted call did not advance the task and the episode still
+    ends with reward 1.  Returns {episode index: (turns, masked turn indices)}.
+    """
+    out: dict[int, tuple[list, frozenset[int]]] = {}
+    if share <= 0:
+        return out
+    for i, e in enumerate(episodes):
+        if len(e.turns) < 2 or len(e.turns) + 1 > e.task.max_turns or rng.random() >= share:
+            continue
+        k = rng.randrange(len(e.turns) - 1)
+        bad = _corrupt(e.turns[k].action, rng)
+        if bad is None:
+            continue
+        ep = domain.reset(e.task)
+        for turn in e.turns[:k]:
+            ep.step(turn.action)
+        ep.step(bad)
+        if ep.done or ep.expert_action() != e.turns[k].action:
+            continue  # the corrupted call ended the episode or did something
+        while not ep.done and len(ep.turns) < e.task.max_turns:
+            ep.step(ep.expert_action())
+        if ep.reward() == 1.0:
+            out[i] = (list(ep.turns), frozenset({k}))
+    return out
+
+
 def build_examples(domain, encoder, episodes, cfg: WarmStartConfig, rng: random.Random):
     by_group: dict[str, list[Episode]] = {}
     for e in episodes:
         by_group.setdefault(e.task.group_id, []).append(e)
+    noisy = recovery_demos(domain, episodes, cfg.recovery_share, random.Random(rng.random()))
     examples = []
-    for e in episodes:
+    for i, e in enumerate(episodes):
         ctx = _context_for(e.task, e, by_group, rng, cfg.same_task_share) if rng.random() < cfg.context_share else None
-        examples.append(trajectory_ids(encoder, domain, e.task, ctx, e.turns))
+        turns, masked = noisy.get(i, (e.turns, frozenset()))
+        examples.append(trajectory_ids(encoder, domain, e.task, ctx, turns, masked))
     return examples, by_group
 
 

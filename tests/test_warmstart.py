@@ -123,3 +123,26 @@ def test_recovery_demos_mask_the_corrupted_call_and_still_solve_the_task(domain)
         assert sum(mask_clean) - sum(mask) == len(enc.encode(turns[k].action)) + 1
     assert sum("error" in (turns[k].observation or "") for turns, (k,) in noisy.values()) > 0.8 * len(noisy)
     assert recovery_demos(domain, eps, 0.0, random.Random(0)) == {}
+
+
+def test_masked_nll_equals_the_masked_sum_of_token_logprobs():
+    import torch
+
+    from methods.core.batch import token_logprobs
+    from methods.core.policy import ModelConfig, build_policy
+    from methods.core.tokenizer import train_tokenizer
+    from methods.core.warmstart import masked_nll
+
+    tok = train_tokenizer(["find(Mara Velk)", "def f(xs):\n    return xs"] * 10, vocab_size=300)
+    model = build_policy(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tok, seed=0)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, len(tok), (3, 17), generator=g)
+    attn = torch.ones_like(ids)
+    attn[2, 12:] = 0
+    mask = (torch.rand(3, 16, generator=g) < 0.4).float() * attn[:, 1:]
+    nll, count = masked_nll(model, ids, attn, mask)
+    logp, _ = token_logprobs(model, ids, attn)
+    assert int(count) == int(mask.sum()) > 0
+    assert torch.allclose(nll, -(logp * mask).sum(), atol=1e-4)
+    nll.backward()  # gradients reach the shared embedding / output head
+    assert model.get_output_embeddings().weight.grad.abs().sum() > 0

@@ -34,7 +34,8 @@ from scratch has neither, so each (domain, seed) gets one cached warm start:
    experience or privileged context depends on it).
 
 Batches are drawn from length-sorted pools (``bucket_batches``): with random
-batches 44-47 % of every padded batch was padding.
+batches, 44-47 % of every padded batch of small-profile demonstrations was
+padding (measured once; ``tests/test_warmstart.py`` checks the reduction).
 """
 
 from __future__ import annotations
@@ -159,7 +160,7 @@ def build_examples(domain, encoder, episodes, cfg: WarmStartConfig, rng: random.
         ctx = _context_for(e.task, e, by_group, rng, cfg.same_task_share) if rng.random() < cfg.context_share else None
         turns, masked = noisy.get(i, (e.turns, frozenset()))
         examples.append(trajectory_ids(encoder, domain, e.task, ctx, turns, masked))
-    return examples, by_group
+    return examples
 
 
 def copy_examples(encoder, corpus: Sequence[str], n: int, rng: random.Random) -> list[tuple[list[int], list[int]]]:
@@ -324,7 +325,7 @@ def warm_start(domain: TaskDomain, model_cfg: ModelConfig, cfg: WarmStartConfig,
     corpus = [format_trace(e.task, e.turns) for e in episodes] + [domain.system_message(), "user assistant tool system context: task:"]
     tokenizer = train_tokenizer(corpus, vocab_size=cfg.vocab_size)
     encoder = ChatEncoder(tokenizer)
-    examples, _ = build_examples(domain, encoder, episodes, cfg, rng)
+    examples = build_examples(domain, encoder, episodes, cfg, rng)
     if cfg.copy_share > 0:
         n_copy = int(round(len(examples) * cfg.copy_share / (1 - cfg.copy_share))) if cfg.copy_share < 1 else len(examples)
         examples += copy_examples(encoder, corpus, n_copy, rng)

@@ -39,7 +39,7 @@ def run_programs(domain, tasks, programs):
 
 def test_registered_and_sized():
     d = get_domain("code", seed=0)
-    assert d.version == "code-v2" and isinstance(d, CodeDomain)
+    assert d.version == "code-v3" and isinstance(d, CodeDomain)
     assert len(TEMPLATES) >= 20 and 8 <= len(CONVENTIONS) <= 16
     seen = [p for p in PROJECTS if not p.test_only]
     new = [p for p in PROJECTS if p.test_only]

@@ -96,7 +96,7 @@ class CodeDomain(TaskDomain):
     without them it shares the process-wide default sandbox."""
 
     name = "code"
-    version = "code-v2"
+    version = "code-v3"
     system_prompt = "Write the Python function f. Reply with the code only."
 
     def __init__(self, seed: int = 0, **options: Any):

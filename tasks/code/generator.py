@@ -239,14 +239,15 @@ def _combos_by_split(template: Template) -> dict[str, list[dict]]:
 def _one_task(rng: random.Random, project: Project, template: Template, split: str) -> dict | None:
     """A task dict for ``split``, or None if this draw belongs to the other split or shows no convention."""
     convs = applied_conventions(template, project.conventions)
-    params = rng.choice(_combos_by_split(template)["all" if project.test_only else split])
+    # test-only and warm-start projects never meet the train split, so they use every constant
+    params = rng.choice(_combos_by_split(template)["all" if project.test_only or split == "warmstart" else split])
     key = _key(params)
     if not _matters(template, key, convs):
         return None
     reference, ref, variants = _programs(template, key, convs)
     examples = _visible_examples(rng, template, ref, variants)
     prompt = _prompt(project, template, params, examples)
-    if not project.test_only and not template.params and split_of_prompt(prompt) != split:
+    if split != "warmstart" and not project.test_only and not template.params and split_of_prompt(prompt) != split:
         return None
     tests = _hidden_tests(rng, template, ref, variants)
     if tests is None:
@@ -268,7 +269,15 @@ WARMSTART_TASKS_PER_PROJECT = 4
 
 def _generate_warmstart(seed: int, n: int) -> list[dict]:
     """Warm-start stream: fresh projects (:func:`warmstart_project`), a few tasks each,
-    with the train split's (template, constants) pairs, so no test pair is seen."""
+    over every (template, constants) pair.
+
+    The warm start stands in for pretraining: it should know how to write
+    ``x * 7`` whatever the project.  With the train split's pairs only
+    (code-v2), it never saw the constants held out for the test split and
+    wrote the training constants instead (measured, seed 0: greedy held-out
+    reward 0.075 on seen projects even with the task's own solution in its
+    context, 0.375 on test-only projects, whose tasks use every constant).
+    The methods' train split still holds the test pairs out."""
     rng = random.Random(f"code-v2:{seed}:warmstart")
     out: list[dict] = []
     prompts: set[str] = set()
@@ -279,7 +288,7 @@ def _generate_warmstart(seed: int, n: int) -> list[dict]:
         rng.shuffle(templates)
         got = 0
         for template in templates * 3:
-            task = _one_task(rng, project, template, "train")
+            task = _one_task(rng, project, template, "warmstart")
             if task is not None and task["prompt"] not in prompts:
                 prompts.add(task["prompt"])
                 out.append(task)

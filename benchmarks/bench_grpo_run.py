@@ -3,7 +3,12 @@ held-out evaluations included) on one core.  Target: <= 80 s for GRPO.
 
     python benchmarks/bench_grpo_run.py --domain tooluse --warmstart results/small/warmstart/tooluse/seed0
 
-Prints one JSON line: wall time, rollouts, the ledger and where the time went.
+Prints one JSON line: wall time, rollouts, the ledger, where the time went and the
+held-out learning curve.  ``--set`` overrides resolved job settings, e.g. to compare
+learning rates on one warm start (the profile's values are the defaults)::
+
+    python benchmarks/bench_grpo_run.py --domain code --warmstart results/small/warmstart/code/seed0 \
+        --set train.lr=1e-5 train.temperature=1.0
 """
 
 from __future__ import annotations
@@ -32,10 +37,19 @@ def main(argv=None) -> None:
     p.add_argument("--warmstart", required=True)
     p.add_argument("--profile", default="small")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--set", nargs="*", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a resolved setting (sections: train, method_config), validated like the config")
     a = p.parse_args(argv)
     config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     config["profile"] = a.profile
     job = resolve_job(config, a.domain, a.method)
+    for item in a.set:
+        key, _, value = item.partition("=")
+        section, _, field = key.partition(".")
+        if section not in ("train", "method_config") or field not in job[section]:
+            p.error(f"--set {item}: expected train.<field>=<value> or method_config.<field>=<value> with an existing field")
+        job[section][field] = _parse_value(value)
+    _validate(job, a.method)
     with tempfile.TemporaryDirectory() as out:
         t0 = time.perf_counter()
         cli(["train", "--job", json.dumps(job), "--seed", str(a.seed), "--warmstart", a.warmstart, "--out", out, "--threads", "1"])
@@ -49,8 +63,27 @@ def main(argv=None) -> None:
         "wall_s": round(wall, 1), "target_s": 80, "rollouts": summary["ledger"]["rollouts"],
         "train_rollout_s": round(rollout_s, 1), "train_update_s": round(summary["ledger"]["wall_s"] - rollout_s, 1),
         "evals": sum(r["kind"] == "eval" for r in recs), "final_heldout_reward": summary["final"]["heldout_reward"],
-        "ledger": summary["ledger"],
+        "curve": [(r["rollouts"], round(r["heldout_reward"], 3)) for r in recs if r["kind"] == "eval"],
+        "overrides": a.set, "ledger": summary["ledger"],
     }))
+
+
+def _parse_value(text: str):
+    """A number where the text is one (PyYAML reads ``3e-5`` as a string), else YAML."""
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return yaml.safe_load(text)
+
+
+def _validate(job: dict, method: str) -> None:
+    from methods.core.loop import TrainConfig
+    from methods.core.registry import get_method, make_config
+
+    make_config(TrainConfig, job["train"], "train")
+    make_config(get_method(method).Config, job["method_config"], f"methods.{method}")
 
 
 if __name__ == "__main__":

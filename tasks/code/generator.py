@@ -17,10 +17,14 @@ tasks on train projects and 1/5 tasks on test-only projects.  On train
 projects, templates with constants reserve ~20% of their constant
 combinations for test (by a stable hash) and constant-free templates put a
 task in test iff the hash of its prompt says so; so no test prompt can occur
-in train.  The stream is sequential from one seeded ``random.Random`` per
-(seed, split): projects are dealt in shuffled rounds (so every project gets
-its share), each project deals its templates in shuffled rounds, and
-``tasks(split, n)`` is a prefix of the longer stream.
+in train.  The ``warmstart`` split (the stand-in for pretraining) uses fresh
+projects with three-digit ids and *every* constant combination, the test
+split's included: the policy may know how to write ``x * 7``; what no split
+but the train split shows is a train project's convention.  The stream is
+sequential from one seeded ``random.Random`` per (seed, split): projects are
+dealt in shuffled rounds (so every project gets its share), each project
+deals its templates in shuffled rounds, and ``tasks(split, n)`` is a prefix
+of the longer stream.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ validate(config, "config/schema.yaml")
 
 include: "rules/common.smk"
 include: "rules/warmstart.smk"
+include: "rules/bank.smk"
 include: "rules/train.smk"
 include: "rules/table1.smk"
 

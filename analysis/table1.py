@@ -4,7 +4,10 @@
         --runs results/small/runs/*/*/seed*/summary.json \
         --out-csv results/table1.csv --out-md results/table1.md --out-curves results/curves.csv
 
-"Vanilla" is the warm start's own held-out score (rollout budget 0).  The
+"Vanilla" is the warm start's own held-out score (rollout budget 0).
+``pre_rollouts`` are the warm-start policy's rollouts that seeded an experience
+bank before training (retrieval RL, LOPD); they are not student rollouts and
+are shown so that the comparison is complete.  The
 table refuses to mix runs of unequal rollout budgets or different task
 versions within a domain, and names the runs that disagree.
 """
@@ -22,7 +25,7 @@ from analysis.stats import bootstrap_ci
 from methods.core.provenance import write_text_atomic
 
 METRIC = "heldout_reward"
-COLUMNS = ["domain", "method", "metric", "mean", "ci_low", "ci_high", "n_seeds", "rollout_budget"]
+COLUMNS = ["domain", "method", "metric", "mean", "ci_low", "ci_high", "n_seeds", "rollout_budget", "pre_rollouts"]
 
 
 class MixedRunsError(ValueError):
@@ -36,7 +39,7 @@ def load_runs(vanilla: list[str], runs: list[str]) -> list[dict]:
         rows.append({"path": p, "domain": e["domain"], "method": "vanilla", "seed": e["seed"], "version": e["domain_version"], "budget": 0, "value": e[METRIC]})
     for p in runs:
         s = json.loads(Path(p).read_text())
-        rows.append({"path": p, "domain": s["domain"], "method": s["method"], "seed": s["seed"], "version": s["domain_version"], "budget": s["ledger"]["rollout_budget"], "value": s["final"][METRIC], "used": s["ledger"]["rollouts"]})
+        rows.append({"path": p, "domain": s["domain"], "method": s["method"], "seed": s["seed"], "version": s["domain_version"], "budget": s["ledger"]["rollout_budget"], "value": s["final"][METRIC], "used": s["ledger"]["rollouts"], "pre": s["ledger"].get("pre_rollouts", 0)})
     return rows
 
 
@@ -74,7 +77,8 @@ def table(rows: list[dict]) -> pd.DataFrame:
         if len(set(seeds)) != len(seeds):
             raise MixedRunsError(f"{domain}/{method}: seed listed twice: {[r['path'] for r in rs]}")
         mean, lo, hi = bootstrap_ci([r["value"] for r in sorted(rs, key=lambda r: r["seed"])])
-        out.append({"domain": domain, "method": method, "metric": METRIC, "mean": mean, "ci_low": lo, "ci_high": hi, "n_seeds": len(rs), "rollout_budget": budget})
+        pre = max(r.get("pre", 0) for r in rs)
+        out.append({"domain": domain, "method": method, "metric": METRIC, "mean": mean, "ci_low": lo, "ci_high": hi, "n_seeds": len(rs), "rollout_budget": budget, "pre_rollouts": pre})
     df = pd.DataFrame(out, columns=COLUMNS)
     order = {"vanilla": 0}
     df["_o"] = df["method"].map(lambda m: order.get(m, 1))
@@ -101,11 +105,11 @@ def to_markdown(df: pd.DataFrame) -> str:
     lines = [
         "# Table 1: held-out reward (mean and 95 % bootstrap CI over seeds)",
         "",
-        "| domain | method | held-out reward | 95 % CI | seeds | rollout budget |",
-        "|---|---|---|---|---|---|",
+        "| domain | method | held-out reward | 95 % CI | seeds | rollout budget | pre-RL rollouts (bank seed) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in df.itertuples():
-        lines.append(f"| {r.domain} | {r.method} | {r.mean:.3f} | [{r.ci_low:.3f}, {r.ci_high:.3f}] | {r.n_seeds} | {r.rollout_budget} |")
+        lines.append(f"| {r.domain} | {r.method} | {r.mean:.3f} | [{r.ci_low:.3f}, {r.ci_high:.3f}] | {r.n_seeds} | {r.rollout_budget} | {r.pre_rollouts} |")
     return "\n".join(lines) + "\n"
 
 

@@ -61,7 +61,8 @@ def main(argv=None) -> None:
     print(json.dumps({
         "method": a.method, "domain": a.domain, "profile": a.profile, "threads": torch.get_num_threads(),
         "wall_s": round(wall, 1), "target_s": 80, "rollouts": summary["ledger"]["rollouts"],
-        "train_rollout_s": round(rollout_s, 1), "train_update_s": round(summary["ledger"]["wall_s"] - rollout_s, 1),
+        "train_rollout_s": round(rollout_s, 1), "train_update_s": round(sum(r["update_s"] for r in trains), 1),
+        "eval_s": round(sum(r["eval_s"] for r in recs if r["kind"] == "eval"), 1),
         "evals": sum(r["kind"] == "eval" for r in recs), "final_heldout_reward": summary["final"]["heldout_reward"],
         "curve": [(r["rollouts"], round(r["heldout_reward"], 3)) for r in recs if r["kind"] == "eval"],
         "overrides": a.set, "ledger": summary["ledger"],

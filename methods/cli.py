@@ -1,7 +1,8 @@
 """Job entry points called by the Snakemake rules (and usable by hand).
 
     python -m methods.cli warmstart --job JSON --seed S --out DIR [--threads N]
-    python -m methods.cli train     --job JSON --seed S --warmstart DIR --out DIR [--threads N]
+    python -m methods.cli bank      --job JSON --seed S --warmstart DIR --out DIR [--threads N]
+    python -m methods.cli train     --job JSON --seed S --warmstart DIR --out DIR [--bank FILE] [--threads N]
 
 ``--job`` is the resolved job settings (see :func:`methods.core.config.resolve_job`)
 as a JSON string or ``@file.json``; the rules pass it so that every result
@@ -75,6 +76,46 @@ def cmd_warmstart(args) -> None:
     print(f"[warmstart] {job['domain']} seed {args.seed}: heldout_reward {report['heldout_reward']:.3f}; wrote {out / 'model'} and {out / 'eval.json'}", file=sys.stderr)
 
 
+def cmd_bank(args) -> None:
+    """Seed a domain's experience bank with the warm-start policy's own successes on training tasks."""
+    import random
+
+    from methods.core.loop import TrainConfig
+    from methods.core.policy import load_policy
+    from methods.core.provenance import provenance, write_json_atomic
+    from methods.core.registry import make_config
+    from methods.core.rollout import run_episodes
+    from methods.core.tokenizer import ChatEncoder
+    from methods.experience import BankConfig, ExperienceBank
+    from methods.experience.encoder import TextEncoder
+    from tasks.base import get_domain
+
+    job = _job(args.job)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    bank_cfg = make_config(BankConfig, job["bank"], "bank")
+    train_cfg = make_config(TrainConfig, job["train"], "train")
+    domain = get_domain(job["domain"], seed=job["task_seed"], **job["domain_options"])
+    model, tokenizer = load_policy(Path(args.warmstart) / "model", device=args.device)
+    t0 = time.perf_counter()
+    train_tasks = domain.tasks("train")
+    tasks = random.Random(f"bank/{args.seed}").sample(train_tasks, min(bank_cfg.seed_tasks, len(train_tasks)))
+    gen = torch.Generator(device=args.device).manual_seed(args.seed)
+    bank = ExperienceBank(bank_cfg, TextEncoder(device=args.device))
+    rollouts, added = 0, 0
+    for start in range(0, len(tasks), 256):
+        chunk = run_episodes(model.eval(), ChatEncoder(tokenizer), domain, tasks[start : start + 256], None, train_cfg.sampling(), generator=gen)
+        added += bank.add_rollouts(chunk, step=-1)
+        rollouts += len(chunk)
+        print(f"[bank] {job['domain']} seed {args.seed}: {rollouts}/{len(tasks)} tasks tried, {len(bank)} in the bank", file=sys.stderr, flush=True)
+    bank.save(out / "bank.pt")
+    report = {"domain": job["domain"], "domain_version": domain.version, "seed": args.seed, "seed_rollouts": rollouts, **bank.stats(),
+              "success_rate": added / max(rollouts, 1), "wall_s": round(time.perf_counter() - t0, 2), "job": job, **provenance()}
+    write_json_atomic(out / "bank.json", report)
+    domain.close()
+    print(f"[bank] {job['domain']} seed {args.seed}: {len(bank)} trajectories from {rollouts} warm-start rollouts; wrote {out / 'bank.pt'} and {out / 'bank.json'}", file=sys.stderr)
+
+
 def cmd_train(args) -> None:
     from methods.core.registry import make_config
     from methods.core.ledger import Ledger
@@ -104,6 +145,15 @@ def cmd_train(args) -> None:
         warmstart_path=Path(args.warmstart),
         out_dir=out,
     )
+    if cls.uses_bank:
+        if "bank" not in job:
+            raise SystemExit(f"method {job['method']} reads an experience bank, but the job has no bank settings")
+        run.extra["bank_config"] = job["bank"]
+        if job["bank"]["seed_tasks"] > 0:
+            if not args.bank or not Path(args.bank).exists():
+                raise SystemExit(f"method {job['method']}: bank.seed_tasks is {job['bank']['seed_tasks']}, so a seeded bank is required (--bank); got {args.bank!r}. Run `python -m methods.cli bank` first.")
+            run.extra["bank_path"] = args.bank
+            run.ledger.pre_rollouts = json.loads(Path(args.bank).with_name("bank.json").read_text())["seed_rollouts"]
     method = cls(method_cfg, run)
     label = f"{job['method']} {job['domain']} s{args.seed}"
     final = train(method, run, out, label=label, fingerprint=_fingerprint(job, args))
@@ -136,7 +186,11 @@ def main(argv=None) -> None:
     ws.set_defaults(fn=cmd_warmstart)
     tr = sub.add_parser("train", parents=[common], help="train one method on one domain and seed")
     tr.add_argument("--warmstart", required=True, help="warm start directory (holds model/)")
+    tr.add_argument("--bank", default=None, help="seeded experience bank (bank.pt) for methods that read one")
     tr.set_defaults(fn=cmd_train)
+    bk = sub.add_parser("bank", parents=[common], help="seed an experience bank with the warm start's successes on training tasks")
+    bk.add_argument("--warmstart", required=True, help="warm start directory (holds model/)")
+    bk.set_defaults(fn=cmd_bank)
     args = p.parse_args(argv)
     torch.set_num_threads(max(1, args.threads))
     args.fn(args)

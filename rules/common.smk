@@ -4,7 +4,7 @@ import shlex
 import sys
 
 sys.path.insert(0, workflow.basedir)
-from methods.core.config import profile_section, resolve_job, validate as validate_grid
+from methods.core.config import bank_job, profile_section, resolve_job, uses_bank, validate as validate_grid
 
 validate_grid(config)  # every job's settings, before any job starts
 

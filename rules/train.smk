@@ -1,7 +1,8 @@
 rule train:
     """One method on one domain and seed, from that seed's warm start (resumes from its checkpoint)."""
     input:
-        f"{OUT}/warmstart/{{domain}}/seed{{seed}}/eval.json",
+        ws=f"{OUT}/warmstart/{{domain}}/seed{{seed}}/eval.json",
+        bank=lambda w: [f"{OUT}/bank/{w.domain}/seed{w.seed}/bank.pt"] if uses_bank(w.method) else [],
     output:
         f"{OUT}/runs/{{domain}}/{{method}}/seed{{seed}}/summary.json",
     log:
@@ -10,6 +11,7 @@ rule train:
         job=lambda w: job_json(w.domain, w.method),
         ws=lambda w: f"{OUT}/warmstart/{w.domain}/seed{w.seed}",
         out=lambda w: f"{OUT}/runs/{w.domain}/{w.method}/seed{w.seed}",
+        bank=lambda w: f"--bank {OUT}/bank/{w.domain}/seed{w.seed}/bank.pt" if uses_bank(w.method) else "",
     wildcard_constraints:
         seed=r"\d+",
     threads: 1
@@ -17,4 +19,4 @@ rule train:
         "../envs/suite.yaml"
     shell:
         "python -m methods.cli train --job {params.job} --seed {wildcards.seed} "
-        "--warmstart {params.ws} --out {params.out} --threads {threads} > {log} 2>&1"
+        "--warmstart {params.ws} {params.bank} --out {params.out} --threads {threads} > {log} 2>&1"

@@ -68,7 +68,7 @@ class _Interrupt(Exception):
 
 
 def _strip_time(recs):
-    drop = {"wall_s", "rollout_s"}
+    drop = {"wall_s", "rollout_s", "update_s", "eval_s", "retrieval_s", "bank_add_s"}  # wall-clock timings
     return [{k: v for k, v in r.items() if k not in drop} for r in recs]
 
 

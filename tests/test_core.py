@@ -161,3 +161,24 @@ def test_multi_turn_rollouts_layout_and_sampler_logprobs(domain_name, temperatur
     ids, mask = trajectory_ids(enc, domain, tasks[0], None, ep.turns)
     assert ids[: rs[0].prompt_len] == rs[0].ids[: rs[0].prompt_len]
     assert sum(mask) == sum(len(enc.encode(t.action)) + 1 for t in ep.turns)
+
+
+def test_agent_token_logprobs_equal_the_full_vocabulary_pass(tok):
+    """The packed agent-token path gives the full forward's log-probs, logits and gradients."""
+    from methods.core.batch import agent_token_logprobs, token_logprobs
+
+    m = build_policy(ModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64), tok, seed=4)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, len(tok), (3, 15), generator=g)
+    attn = torch.ones_like(ids)
+    attn[1, 10:] = 0
+    mask = (torch.rand(3, 14, generator=g) < 0.5).float() * attn[:, 1:]
+    ref_logp, ref_logits = token_logprobs(m, ids, attn, temperature=0.7)
+    logp, logits = agent_token_logprobs(m, ids, attn, mask, temperature=0.7)
+    keep = mask.bool()
+    assert logits.shape == (int(mask.sum()), len(tok))
+    assert torch.allclose(logp, ref_logp * mask, atol=1e-5) and torch.all(logp[~keep] == 0)
+    assert torch.allclose(logits, ref_logits[keep], atol=1e-5)
+    (grad,) = torch.autograd.grad(logp.sum(), m.get_output_embeddings().weight)
+    (ref_grad,) = torch.autograd.grad((ref_logp * mask).sum(), m.get_output_embeddings().weight)
+    assert torch.allclose(grad, ref_grad, atol=1e-5)

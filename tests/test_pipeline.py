@@ -39,7 +39,9 @@ def test_smoke_pipeline_writes_table1(tmp_path):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
     df = pd.read_csv(tmp_path / "results" / "table1.csv")
     assert set(df.domain) == {"tooluse", "code"}
-    assert {"vanilla", "grpo"} <= set(df.method)
+    assert {"vanilla", "grpo", "retrieval_rl"} <= set(df.method)
+    rr = df[df.method == "retrieval_rl"]
+    assert (rr.pre_rollouts == 32).all() and (df[df.method == "grpo"].pre_rollouts == 0).all()  # the bank seed is recorded
     assert (df.n_seeds == 2).all()
     assert (tmp_path / "results" / "table1.md").exists()
     summary = tmp_path / "results" / "smoke" / "runs" / "code" / "grpo" / "seed0" / "summary.json"

@@ -39,10 +39,10 @@ def test_table_rows_and_files(tmp_path):
     import pandas as pd
 
     df = pd.read_csv(out / "t.csv")
-    assert list(df.columns) == ["domain", "method", "metric", "mean", "ci_low", "ci_high", "n_seeds", "rollout_budget"]
+    assert list(df.columns) == ["domain", "method", "metric", "mean", "ci_low", "ci_high", "n_seeds", "rollout_budget", "pre_rollouts"]
     assert list(df.method) == ["vanilla", "grpo"]
     g = df[df.method == "grpo"].iloc[0]
-    assert g["mean"] == pytest.approx(0.5) and g.ci_low < 0.5 < g.ci_high and g.n_seeds == 3 and g.rollout_budget == 64
+    assert g["mean"] == pytest.approx(0.5) and g.ci_low < 0.5 < g.ci_high and g.n_seeds == 3 and g.rollout_budget == 64 and g.pre_rollouts == 0
     curves = pd.read_csv(out / "c.csv")
     assert set(curves.rollouts) == {0, 64}
     assert "| code | grpo | 0.500 |" in (out / "t.md").read_text()

@@ -73,6 +73,34 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     return logp, logits
 
 
+def agent_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Next-token logits [n, V] (float32) at the positions where ``mask`` [N, T-1] is 1, row-major.
+
+    Only those positions go through the output head: the agent's tokens are a
+    small share of a sequence (tool use: ~10 %), and the head plus its softmax
+    over the vocabulary was the largest single cost of an update.
+    """
+    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state[:, :-1]
+    return model.get_output_embeddings()(hidden[mask.bool()]).float()
+
+
+def agent_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`token_logprobs` restricted to the agent's tokens.
+
+    Returns ``(logp [N, T-1], logits [n, V])``: ``logp`` is the log-prob of each
+    next token under softmax(logits / temperature) where ``mask`` is 1 and 0
+    elsewhere; ``logits`` are the scaled logits of exactly those n positions,
+    packed in row-major order (``logp[mask.bool()]`` lines up with them).
+    """
+    keep = mask.bool()
+    logits = agent_logits(model, input_ids, attention_mask, mask)
+    if temperature != 1.0:
+        logits = logits / temperature
+    picked = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:][keep][:, None]).squeeze(-1)
+    logp = picked.new_zeros(keep.shape).masked_scatter(keep, picked)
+    return logp, logits
+
+
 def rows_of(t: torch.Tensor, rows: torch.Tensor, width: int) -> torch.Tensor:
     """Minibatch slice of a per-token tensor [N, T-1]: rows ``rows``, first ``width`` positions."""
     return t[rows, :width]

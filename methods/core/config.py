@@ -63,7 +63,29 @@ def resolve_job(config: dict[str, Any], domain: str, method: str | None = None) 
         mcfg = make_config(cls.Config, over, f"methods.{method}")
         out["method_config"] = asdict(mcfg)
         check_budget(out["train"], mcfg.group_size, where=f"methods.{method}")
+        if cls.uses_bank:
+            out["bank"] = bank_settings(prof)
     return out
+
+
+def bank_settings(prof: dict[str, Any]) -> dict[str, Any]:
+    """The profile's experience-bank settings (only jobs that use a bank carry them)."""
+    from methods.experience.bank import BankConfig
+
+    return asdict(make_config(BankConfig, prof.get("bank"), "bank"))
+
+
+def uses_bank(method: str) -> bool:
+    return get_method(method).uses_bank
+
+
+def bank_job(config: dict[str, Any], domain: str) -> dict[str, Any]:
+    """Settings of the job that seeds a domain's experience bank from the warm start."""
+    prof = profile_section(config)
+    prof = _merge(prof, prof.get("domain_overrides", {}).get(domain, {}))
+    job = resolve_job(config, domain)
+    job["bank"] = bank_settings(prof)
+    return job
 
 
 def check_budget(train: dict[str, Any], group_size: int, where: str) -> None:

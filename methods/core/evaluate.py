@@ -47,13 +47,13 @@ def evaluate(
     domain: TaskDomain,
     tasks: Sequence[Task],
     sampling: SamplingConfig,
-    context_fn: Callable[[Task], str | None] | None = None,
+    contexts_fn: Callable[[Sequence[Task]], list[str | None]] | None = None,
     seed: int = 0,
 ) -> dict[str, float]:
     was_training = model.training
     model.eval()
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-    contexts = [context_fn(t) for t in tasks] if context_fn else None
+    contexts = contexts_fn(tasks) if contexts_fn else None
     rollouts = run_episodes(model, encoder, domain, tasks, contexts, sampling, generator=gen)
     model.train(was_training)
     out = summarize(rollouts)

@@ -3,6 +3,9 @@
 The unit of budget is one student rollout (methods.md, "Budgets").  Teacher
 scoring is compute, not rollouts, and is counted separately as teacher-scored
 tokens, next to distinct tasks seen, generated tokens and wall time.
+``pre_rollouts`` are the warm-start policy's rollouts that seeded an experience
+bank before training (retrieval RL, LOPD): not student training rollouts, but
+recorded with every run that used them so the comparison shows them.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ class Ledger:
     steps: int = 0
     generated_tokens: int = 0
     teacher_tokens: int = 0
+    pre_rollouts: int = 0
     wall_s: float = 0.0
     _tasks: set[str] = field(default_factory=set)
     _t0: float | None = None
@@ -58,6 +62,7 @@ class Ledger:
             "steps": self.steps,
             "generated_tokens": self.generated_tokens,
             "teacher_tokens": self.teacher_tokens,
+            "pre_rollouts": self.pre_rollouts,
             "wall_s": round(self.wall_s, 3),
         }
 
@@ -67,4 +72,5 @@ class Ledger:
     def load_state_dict(self, s: dict[str, Any]) -> None:
         for k in ("rollouts", "steps", "generated_tokens", "teacher_tokens", "wall_s"):
             setattr(self, k, s[k])
+        self.pre_rollouts = s.get("pre_rollouts", self.pre_rollouts)
         self._tasks = set(s["tasks"])

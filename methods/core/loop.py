@@ -30,7 +30,7 @@ import torch
 
 from tasks.base import Task, TaskDomain
 
-from .batch import RolloutBatch, collate, token_logprobs
+from .batch import RolloutBatch, agent_token_logprobs, collate, rows_of
 from .evaluate import evaluate, summarize
 from .ledger import Ledger
 from .registry import Method
@@ -234,9 +234,10 @@ def train(method: Method, run: RunContext, out_dir: Path, label: str = "", finge
         due = [p for p in _eval_points(cfg) if p <= ledger.rollouts and p not in evals_done]
         if not due and not force:
             return None
-        res = evaluate(model, run.encoder, domain, test_tasks, cfg.sampling(eval=True), context_fn=method.student_context, seed=run.seed)
+        t0 = time.perf_counter()
+        res = evaluate(model, run.encoder, domain, test_tasks, cfg.sampling(eval=True), contexts_fn=method.student_contexts, seed=run.seed)
         evals_done.extend(due)
-        rec = {"kind": "eval", "step": ledger.steps, **ledger.snapshot(), **res}
+        rec = {"kind": "eval", "step": ledger.steps, **ledger.snapshot(), **res, "eval_s": round(time.perf_counter() - t0, 4)}
         metrics.write(rec)
         _log(f"[{label}] eval at {ledger.rollouts}/{ledger.rollout_budget} rollouts: heldout_reward {res['heldout_reward']:.3f}")
         return rec
@@ -251,16 +252,18 @@ def train(method: Method, run: RunContext, out_dir: Path, label: str = "", finge
         tasks = sampler.next(n_tasks)
         expanded = [t for t in tasks for _ in range(G)]
         groups = [i for i in range(n_tasks) for _ in range(G)]
-        contexts = [method.student_context(t) for t in expanded]
+        contexts = method.student_contexts(expanded)
         t0 = time.perf_counter()
         model.eval()
         rollouts = run_episodes(model, run.encoder, domain, expanded, contexts, cfg.sampling(), generator=gen)
         model.train()
         t_roll = time.perf_counter() - t0
         ledger.add_rollouts([t.task_id for t in expanded], sum(r.generated_tokens for r in rollouts))
+        t0 = time.perf_counter()
         batch = collate(rollouts, groups, run.encoder.pad_id, run.device)
         step_metrics = _update(method, model, optimizer, batch, cfg)
         step_metrics.update(method.after_step(batch))
+        t_update = time.perf_counter() - t0
         ledger.steps += 1
         ledger.tick()
         rec = {
@@ -269,6 +272,7 @@ def train(method: Method, run: RunContext, out_dir: Path, label: str = "", finge
             **ledger.snapshot(),
             **summarize(rollouts, prefix="train_"),
             "rollout_s": round(t_roll, 4),
+            "update_s": round(t_update, 4),
             **step_metrics,
         }
         metrics.write(rec)
@@ -295,8 +299,8 @@ def _update(method: Method, model, optimizer, batch: RolloutBatch, cfg: TrainCon
     """
     if cfg.recompute_old_logp:
         with torch.no_grad():
-            old_logp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, cfg.temperature)
-        batch.extras["old_logp"] = old_logp * batch.loss_mask
+            old_logp, _ = agent_token_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, cfg.temperature)
+        batch.extras["old_logp"] = old_logp
     else:
         batch.extras["old_logp"] = batch.sample_logp
     sums: dict[str, float] = dict(method.prepare(batch))
@@ -308,7 +312,7 @@ def _update(method: Method, model, optimizer, batch: RolloutBatch, cfg: TrainCon
             rows = active[start : start + cfg.minibatch_rollouts]
             ids, attn = batch.input_ids[rows], batch.attention_mask[rows]
             width = int(attn.sum(-1).max())  # trim right padding of this minibatch
-            logp, logits = token_logprobs(model, ids[:, :width], attn[:, :width], cfg.temperature)
+            logp, logits = agent_token_logprobs(model, ids[:, :width], attn[:, :width], rows_of(batch.loss_mask, rows, width - 1), cfg.temperature)
             loss, m = method.loss(batch, rows, logp, logits)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -319,7 +323,8 @@ def _update(method: Method, model, optimizer, batch: RolloutBatch, cfg: TrainCon
                 agg[k] = agg.get(k, 0.0) + float(v)
             n_updates += 1
     sums.update({k: v / max(n_updates, 1) for k, v in agg.items()})
-    sums.setdefault("loss", 0.0)
+    sums.setdefault("loss", 0.0)  # a step with no trainable rows still logs the shared metric names
+    sums.setdefault("grad_norm", 0.0)
     sums.update({"updates": n_updates, "trained_rollouts": len(active)})
     return sums
 

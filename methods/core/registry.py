@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 if TYPE_CHECKING:
     import torch
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MethodConfig", "Method", "register_method", "get_method", "known_methods", "make_config"]
 
-BUILTIN_METHOD_MODULES = ("methods.grpo",)
+BUILTIN_METHOD_MODULES = ("methods.grpo", "methods.retrieval_rl")
 
 
 @dataclasses.dataclass
@@ -51,6 +51,8 @@ class Method:
 
     name: ClassVar[str] = ""
     Config: ClassVar[type[MethodConfig]] = MethodConfig
+    #: True: the method reads the experience bank (the pipeline seeds one and passes it in)
+    uses_bank: ClassVar[bool] = False
 
     def __init__(self, cfg: MethodConfig, run: "RunContext"):
         self.cfg = cfg
@@ -60,6 +62,12 @@ class Method:
     def student_context(self, task: "Task") -> str | None:
         """Context block placed in the *student's* prompt (None: the bare task)."""
         return None
+
+    def student_contexts(self, tasks: "Sequence[Task]") -> "list[str | None]":
+        """:meth:`student_context` for a batch (training rollouts and evaluations call this).
+
+        Override instead of ``student_context`` where batching pays (retrieval)."""
+        return [self.student_context(t) for t in tasks]
 
     # --- per step ----------------------------------------------------------------
     def prepare(self, batch: "RolloutBatch") -> dict[str, float]:
@@ -79,7 +87,10 @@ class Method:
         """Loss on the minibatch ``rows`` of ``batch``.
 
         ``logp`` [b, T-1]: the student's log-prob of each next token under the
-        current weights; ``logits`` [b, T-1, V] the matching logits.
+        current weights, where ``loss_mask`` is 1 (0 elsewhere); ``logits``
+        [n, V]: the student's (temperature-scaled) logits at exactly those n
+        agent-token positions, packed row-major, so ``logp[mask.bool()]`` and
+        ``logits`` line up (see :func:`methods.core.batch.agent_token_logprobs`).
         """
         raise NotImplementedError
 

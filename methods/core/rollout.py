@@ -1,13 +1,14 @@
 """Batched multi-turn rollouts with a KV cache kept across turns.
 
 ``sample`` decodes a batch of left-padded prompts token by token with a
-``DynamicCache`` (one forward over the prompt, then one token per step), and
+KV cache (one forward over the prompt, then one token per step), and
 stops a row at ``<|im_end|>``.  ``run_episodes`` drives many episodes at once:
 every turn, the still-running episodes are decoded together, their actions are
 stepped through the domain (in parallel where the domain supports it), and the
 observations are appended as ``tool`` messages before the next turn.  The
 cache survives between turns (:class:`_Batch`): a new turn feeds only the
-observation's tokens, and finished episodes are dropped from the batch.
+observation's tokens, finished episodes are dropped from the batch, and the
+padding that ragged turns leave in the cache is squeezed out once per turn.
 
 Each finished episode becomes a :class:`Rollout`: the full token sequence, a
 mask of the tokens the agent generated (the only tokens any loss touches), the
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
-from transformers import DynamicCache
+from transformers.cache_utils import Cache, DynamicLayer
 
 from tasks.base import Episode, Task, TaskDomain, render_user_message
 
@@ -71,6 +72,84 @@ def _left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device) -> tuple[torch
     return ids.to(device), mask.to(device)
 
 
+class _SlabLayer(DynamicLayer):
+    """A cache layer whose keys/values live in a preallocated slab.
+
+    ``DynamicLayer`` appends with ``torch.cat``, which copies the whole cache
+    every decoded token: measured 41 % of a tool-use evaluation's wall time on
+    one core (cProfile, 200 episodes), more than the attention itself.  Here a
+    token is written in place; the slab is reallocated only by :meth:`reserve`
+    (once per turn) or when a write would overflow it.  ``keys``/``values`` are
+    views of the filled part, so the model sees an ordinary cache.
+    """
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self._k = self._v = None
+        self._n = 0
+
+    def _resize(self, capacity: int, k_like: torch.Tensor, v_like: torch.Tensor) -> None:
+        B, H, _, D = k_like.shape
+        k = k_like.new_empty((B, H, capacity, D))
+        v = v_like.new_empty((B, H, capacity, v_like.shape[-1]))
+        if self._n:
+            k[:, :, : self._n] = self._k[:, :, : self._n]
+            v[:, :, : self._n] = self._v[:, :, : self._n]
+        self._k, self._v = k, v
+
+    def _views(self) -> None:
+        self.keys, self.values = self._k[:, :, : self._n], self._v[:, :, : self._n]
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        need = self._n + key_states.shape[-2]
+        if self._k is None or need > self._k.shape[-2]:
+            self._resize(max(need, 2 * self._n), key_states, value_states)
+        self._k[:, :, self._n : need] = key_states
+        self._v[:, :, self._n : need] = value_states
+        self._n = need
+        self._views()
+        return self.keys, self.values
+
+    def reserve(self, extra: int) -> None:
+        """Make room for ``extra`` more tokens without a reallocation."""
+        if self.is_initialized and self._n + extra > self._k.shape[-2]:
+            self._resize(self._n + extra, self._k, self._v)
+
+    def gather(self, columns: torch.Tensor, extra: int) -> None:
+        """Keep, per row, the cache columns ``columns`` [B, W] (in order), with room for ``extra`` more."""
+        if not self.is_initialized:
+            return
+        B, H, _, D = self._k.shape
+        W = columns.shape[1]
+        idx = columns[:, None, :, None].expand(B, H, W, D)
+        k = self._k.new_empty((B, H, W + extra, D))
+        v = self._v.new_empty((B, H, W + extra, self._v.shape[-1]))
+        torch.gather(self._k[:, :, : self._n], 2, idx, out=k[:, :, :W])
+        torch.gather(self._v[:, :, : self._n], 2, idx.expand(B, H, W, self._v.shape[-1]), out=v[:, :, :W])
+        self._k, self._v, self._n = k, v, W
+        self._views()
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.is_initialized and self._n:
+            self._k, self._v = self._k[indices], self._v[indices]
+            self._views()
+
+
+class _SlabCache(Cache):
+    def __init__(self):
+        super().__init__(layer_class_to_replicate=_SlabLayer)
+
+    def reserve(self, extra: int) -> None:
+        for layer in self.layers:
+            layer.reserve(extra)
+
+    def gather(self, columns: torch.Tensor, extra: int) -> None:
+        for layer in self.layers:
+            layer.gather(columns, extra)
+
+
 class _Batch:
     """KV-cached state of a batch of conversations that grow turn by turn.
 
@@ -81,12 +160,20 @@ class _Batch:
     as a full forward of its unpadded ids would.  Appending a turn therefore
     costs a forward over the new tokens only, not a re-prefill of the whole
     conversation, and finished conversations leave the batch.
+
+    Ragged turns leave padding columns (a row that stopped early keeps being
+    fed masked pads until the longest row ends; segments are left-padded to the
+    longest).  Before a new segment is appended, each row's real columns are
+    gathered into a left-padded layout (:meth:`_compact`): keys carry their
+    RoPE positions with them, so moving them between columns changes nothing
+    but the attention's length (1.2-1.7x shorter on tool use).
     """
 
     def __init__(self, model, prompts: Sequence[Sequence[int]], pad_id: int):
         self.model, self.pad_id = model, pad_id
         self.device = next(model.parameters()).device
-        self.cache = DynamicCache()
+        self.cache = _SlabCache()
+        self.headroom = 0  # tokens the next decode will add: reserved when the cache is rebuilt
         self.attn = torch.zeros((len(prompts), 0), dtype=torch.long, device=self.device)
         self.length = torch.zeros((len(prompts), 1), dtype=torch.long, device=self.device)  # real tokens per row
         self.logits = None  # next-token logits of every row
@@ -103,7 +190,21 @@ class _Batch:
     def extend(self, segments: Sequence[Sequence[int]]) -> None:
         """Append one (non-empty) segment of tokens per row, left-padded to a common width."""
         ids, real = _left_pad(segments, self.pad_id, self.device)
+        self._compact(extra=ids.shape[1] + self.headroom)
         self._forward(ids, real)
+
+    def _compact(self, extra: int, min_waste: float = 0.1) -> None:
+        """Left-align each row's real columns when padding is over ``min_waste`` of the cache."""
+        cols = self.attn.shape[1]
+        n_real = self.attn.sum(-1)
+        width = int(n_real.max()) if cols else 0
+        if cols == 0 or cols - width <= min_waste * cols:
+            self.cache.reserve(extra)
+            return
+        # stable sort puts padding (0) first and real columns (1) after, each in order
+        order = torch.sort(self.attn, dim=1, stable=True).indices[:, cols - width :]
+        self.cache.gather(order, extra)
+        self.attn = torch.gather(self.attn, 1, order)
 
     def feed(self, tok: torch.Tensor, real: torch.Tensor) -> None:
         """Append one token per row; rows with ``real`` False get a masked pad."""
@@ -123,6 +224,8 @@ class _Batch:
         which the next :meth:`extend` must prepend to that row's segment.
         """
         B = self.logits.shape[0]
+        self.headroom = max_new_tokens
+        self.cache.reserve(max_new_tokens)
         done = torch.zeros(B, dtype=torch.bool, device=self.device)
         steps, step_logp, live = [], [], []
         for t in range(max_new_tokens):

@@ -52,6 +52,7 @@ import torch
 from tasks.base import Episode, Task, TaskDomain, format_trace
 
 from .evaluate import evaluate
+from .batch import agent_logits
 from .policy import ModelConfig, build_policy, count_parameters
 from .rollout import SamplingConfig, trajectory_ids
 from .tokenizer import ChatEncoder, train_tokenizer
@@ -197,13 +198,10 @@ def _pad(batch, pad_id):
 def masked_nll(model, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed NLL of the next tokens where ``mask`` [B, T-1] is 1, and the token count.
 
-    Only the masked positions go through the output head and the softmax: the
-    agent's tokens are a fifth of a warm-start sequence, so this spares most of
-    the [B, T, V] logits that ``token_logprobs`` would build.
+    Only the masked positions go through the output head (:func:`agent_logits`).
     """
-    hidden = model.base_model(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state[:, :-1]
     keep = mask.bool()
-    logits = model.get_output_embeddings()(hidden[keep]).float()
+    logits = agent_logits(model, ids, attn, mask)
     nll = torch.nn.functional.cross_entropy(logits, ids[:, 1:][keep], reduction="sum")
     return nll, keep.sum()
 

@@ -1,0 +1,181 @@
+"""The experience bank: successful training-split trajectories and dense retrieval over them.
+
+Leak-free by construction:
+
+* :meth:`ExperienceBank.add` raises :class:`LeakError` for a task of any split
+  but ``train`` -- a test task can never enter, whatever the caller does;
+* :meth:`ExperienceBank.retrieve` never returns the query task's own
+  trajectories unless ``allow_self_retrieval`` (default off; the paper's
+  reference code had it on) is set;
+* a frozen bank (test time) refuses additions.
+
+Each task keeps at most ``max_per_task`` trajectories (default 1, its first
+success): G rollouts of one task that all succeed would otherwise fill the
+top-n with near-copies of one solution.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from tasks.base import Task, Turn, format_trace
+
+from .encoder import TextEncoder
+from .index import VectorIndex
+
+__all__ = ["BankConfig", "Experience", "ExperienceBank", "LeakError"]
+
+
+class LeakError(ValueError):
+    """A held-out task was about to enter the experience bank."""
+
+
+def _check_split(task: Task) -> None:
+    if task.split != "train":
+        raise LeakError(f"task {task.task_id} is from the {task.split!r} split; only training-split trajectories may enter the experience bank")
+
+
+@dataclass
+class BankConfig:
+    """How the bank admits and returns experience (shared by retrieval RL and LOPD)."""
+
+    success_threshold: float = 1.0  # tool use: reward >= threshold; code: reward is 1 iff all tests pass
+    max_per_task: int = 1  # trajectories kept per task (its first successes)
+    seed_tasks: int = 0  # training tasks the warm-start policy attempts to seed the bank before RL (0: start empty)
+
+    def __post_init__(self):
+        if not (0.0 < self.success_threshold <= 1.0):
+            raise ValueError(f"bank.success_threshold must be in (0, 1], got {self.success_threshold}")
+        if self.max_per_task < 1 or self.seed_tasks < 0:
+            raise ValueError("bank.max_per_task must be >= 1 and bank.seed_tasks >= 0")
+
+
+@dataclass(frozen=True)
+class Experience:
+    task_id: str
+    template_id: str
+    group_id: str
+    task_text: str  # the task as the student saw it
+    trace: str  # compact action -> result trace (format_trace without the task)
+    reward: float
+    step: int  # training step that produced it (-1: the bank's seed)
+
+    def document(self) -> str:
+        """What is embedded on the document side: task + trajectory (the paper's version)."""
+        return f"{self.task_text}\n{self.trace}"
+
+    def render(self) -> str:
+        """How the experience is shown as text (the format of :func:`tasks.base.format_trace`)."""
+        return self.document()
+
+
+class ExperienceBank:
+    def __init__(self, cfg: BankConfig, encoder: TextEncoder, allow_self_retrieval: bool = False):
+        self.cfg, self.encoder = cfg, encoder
+        self.allow_self_retrieval = allow_self_retrieval
+        self.items: list[Experience] = []
+        self.index = VectorIndex(encoder.dim)
+        self._per_task: dict[str, int] = {}
+        self.frozen = False
+        self.rejected = {"below_threshold": 0, "task_full": 0}
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    # --- growing ---------------------------------------------------------------
+    def candidate(self, task: Task, turns: Sequence[Turn], reward: float, step: int) -> Experience | None:
+        """The experience this trajectory would add, or None if it does not qualify."""
+        _check_split(task)
+        if reward < self.cfg.success_threshold:
+            self.rejected["below_threshold"] += 1
+            return None
+        if self._per_task.get(task.task_id, 0) >= self.cfg.max_per_task:
+            self.rejected["task_full"] += 1
+            return None
+        return Experience(task.task_id, task.template_id, task.group_id, task.prompt, format_trace(task, turns, with_task=False), float(reward), step)
+
+    def add(self, items: Sequence[tuple[Task, Sequence[Turn], float]], step: int) -> int:
+        """Add the qualifying (task, turns, reward) trajectories; returns how many entered."""
+        if self.frozen:
+            raise RuntimeError("the experience bank is frozen (test time); it accepts no new trajectories")
+        for task, _, _ in items:  # all or nothing: a leak anywhere leaves the bank untouched
+            _check_split(task)
+        new: list[Experience] = []
+        for task, turns, reward in items:
+            exp = self.candidate(task, turns, reward, step)
+            if exp is not None:
+                new.append(exp)
+                self._per_task[task.task_id] = self._per_task.get(task.task_id, 0) + 1
+        if new:
+            self.index.add(self.encoder.encode([e.document() for e in new]))
+            self.items += new
+        return len(new)
+
+    def add_rollouts(self, rollouts, step: int) -> int:
+        return self.add([(r.task, r.episode.turns, r.reward) for r in rollouts], step)
+
+    def freeze(self) -> "ExperienceBank":
+        self.frozen = True
+        return self
+
+    # --- retrieval -------------------------------------------------------------
+    def retrieve(self, tasks: Sequence[Task], n: int) -> list[list[Experience]]:
+        """Top-``n`` experiences per task by cosine similarity of the task (query) to task+trajectory (documents)."""
+        if not tasks:
+            return []
+        if len(self) == 0 or n <= 0:
+            return [[] for _ in tasks]
+        queries = self.encoder.encode_query([t.prompt for t in tasks])
+        own = [0 if self.allow_self_retrieval else self._per_task.get(t.task_id, 0) for t in tasks]
+        k = min(len(self), n + max(own))
+        _, rows = self.index.search(queries, k)
+        out = []
+        for task, row in zip(tasks, rows):
+            hits = [self.items[j] for j in row if j >= 0 and (self.allow_self_retrieval or self.items[j].task_id != task.task_id)]
+            out.append(hits[:n])
+        return out
+
+    # --- persistence -----------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "config": dataclasses.asdict(self.cfg),
+            "items": [dataclasses.asdict(e) for e in self.items],
+            "vectors": torch.from_numpy(self.index.vectors().copy()),
+            "rejected": dict(self.rejected),
+            "frozen": self.frozen,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        items = [Experience(**e) for e in state["items"]]
+        vectors = state["vectors"].numpy()
+        if len(items) != len(vectors):
+            raise ValueError(f"corrupt bank state: {len(items)} items but {len(vectors)} vectors")
+        if vectors.shape[1] != self.encoder.dim:
+            raise ValueError(f"bank vectors are {vectors.shape[1]}-d but the encoder makes {self.encoder.dim}-d vectors")
+        self.items, self.index = items, VectorIndex(self.encoder.dim)
+        self.index.add(vectors)
+        self._per_task = {}
+        for e in items:
+            self._per_task[e.task_id] = self._per_task.get(e.task_id, 0) + 1
+        self.rejected = dict(state.get("rejected", self.rejected))
+        self.frozen = bool(state.get("frozen", False))
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(self.state_dict(), tmp)
+        os.replace(tmp, path)
+
+    def load(self, path: str | Path) -> "ExperienceBank":
+        self.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
+        return self
+
+    def stats(self) -> dict[str, Any]:
+        return {"size": len(self), "tasks": len(self._per_task), "groups": len({e.group_id for e in self.items}), "rejected": dict(self.rejected)}

@@ -1,0 +1,115 @@
+"""Experience bank and retrieval: leak-freedom, self-exclusion, persistence, the encoder
+against sentence-transformers, and that retrieval finds the experience a task lacks."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+
+from methods.experience import BankConfig, ExperienceBank, LeakError
+from methods.experience.encoder import TextEncoder
+from tasks.base import get_domain
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    return TextEncoder()
+
+
+def _expert_items(domain, tasks):
+    out = []
+    for t in tasks:
+        ep = domain.expert_trajectory(t)
+        out.append((t, ep.turns, ep.reward()))
+    return out
+
+
+def test_encoder_matches_sentence_transformers(encoder):
+    from sentence_transformers import SentenceTransformer
+
+    from methods.experience.encoder import default_model_path
+
+    texts = ["env: bank-3\ntools: bal(id) put(n,id)\nDeposit 40 for Mara Velk.", "def f(xs):\n    return [x * 3 for x in xs]", "short", "a " * 400]
+    ref = SentenceTransformer(str(default_model_path()), device="cpu").encode(texts, normalize_embeddings=True)
+    got = encoder.encode(texts)
+    assert got.shape == (4, 384)
+    assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    assert np.allclose(got, ref, atol=1e-4)
+    # queries are cached by text and equal to a fresh encoding
+    n = encoder.texts_encoded
+    q1 = encoder.encode_query(texts[:2])
+    q2 = encoder.encode_query(texts[:2][::-1])
+    assert encoder.texts_encoded == n + 2 and np.allclose(q1, q2[::-1]) and np.allclose(q1, got[:2], atol=1e-6)
+
+
+@pytest.mark.parametrize("domain_name", ["tooluse", "code"])
+def test_test_split_tasks_never_enter_the_bank(domain_name, encoder):
+    domain = get_domain(domain_name, seed=0)
+    bank = ExperienceBank(BankConfig(), encoder)
+    test_items = _expert_items(domain, domain.tasks("test", 3))
+    assert all(r == 1.0 for _, _, r in test_items)  # they would qualify by reward
+    with pytest.raises(LeakError, match="only training-split"):
+        bank.add(test_items, step=0)
+    with pytest.raises(LeakError):  # not even mixed into a batch of training tasks
+        bank.add(_expert_items(domain, domain.tasks("train", 2)) + test_items[:1], step=0)
+    assert len(bank) == 0 and len(bank.index) == 0
+    bank.add(_expert_items(domain, domain.tasks("train", 4)), step=0)
+    bank.freeze()
+    with pytest.raises(RuntimeError, match="frozen"):
+        bank.add(_expert_items(domain, domain.tasks("train", 8)[4:]), step=1)
+    assert len(bank) == 4
+
+
+def test_a_task_never_retrieves_its_own_trajectory_unless_allowed(encoder):
+    domain = get_domain("tooluse", seed=0)
+    tasks = domain.tasks("train", 40)
+    items = _expert_items(domain, tasks)
+    bank = ExperienceBank(BankConfig(), encoder)
+    assert bank.add(items, step=0) == 40
+    for task, hits in zip(tasks, bank.retrieve(tasks, 3)):
+        assert len(hits) == 3 and task.task_id not in {e.task_id for e in hits}
+    # with the reference code's flag, a task's own trajectory is its nearest neighbour
+    opt_in = ExperienceBank(BankConfig(), encoder, allow_self_retrieval=True)
+    opt_in.add(items, step=0)
+    own_first = sum(h[0].task_id == t.task_id for t, h in zip(tasks, opt_in.retrieve(tasks, 3)))
+    assert own_first >= 0.9 * len(tasks)
+
+
+def test_admission_threshold_per_task_cap_and_empty_bank(encoder):
+    domain = get_domain("tooluse", seed=0)
+    t = domain.tasks("train", 1)[0]
+    turns = domain.expert_trajectory(t).turns
+    bank = ExperienceBank(BankConfig(success_threshold=1.0, max_per_task=1), encoder)
+    assert bank.retrieve([t], 3) == [[]]
+    assert bank.add([(t, turns, 0.75)], step=0) == 0  # partial success stays out
+    assert bank.add([(t, turns, 1.0), (t, turns, 1.0)], step=0) == 1  # one per task
+    assert bank.stats()["rejected"] == {"below_threshold": 1, "task_full": 1}
+    assert bank.retrieve([t], 3) == [[]]  # its only entry is its own
+
+
+def test_state_roundtrip_restores_identical_retrieval(encoder, tmp_path):
+    domain = get_domain("code", seed=0)
+    bank = ExperienceBank(BankConfig(), encoder)
+    bank.add(_expert_items(domain, domain.tasks("train", 30)), step=3)
+    queries = domain.tasks("test", 10)
+    before = bank.retrieve(queries, 3)
+    bank.save(tmp_path / "bank.pt")
+    restored = ExperienceBank(BankConfig(), encoder).load(tmp_path / "bank.pt")
+    assert restored.retrieve(queries, 3) == before and restored.stats() == bank.stats()
+    assert not (tmp_path / "bank.pt.tmp").exists()
+
+
+@pytest.mark.parametrize("domain_name, min_ratio", [("tooluse", 20), ("code", 5)])
+def test_retrieval_finds_same_group_experience_far_above_chance(domain_name, min_ratio, encoder):
+    """A held-out task's neighbours come from its own variant/family (what the task line lacks)."""
+    domain = get_domain(domain_name, seed=0)
+    bank = ExperienceBank(BankConfig(), encoder)
+    bank.add(_expert_items(domain, domain.tasks("train", 600)), step=0)
+    groups = collections.Counter(e.group_id for e in bank.items)
+    test = [t for t in domain.tasks("test", 200) if groups[t.group_id] > 0][:80]
+    hits = bank.retrieve(test, 3)
+    same = sum(e.group_id == t.group_id for t, h in zip(test, hits) for e in h) / sum(len(h) for h in hits)
+    chance = sum(groups[t.group_id] for t in test) / len(test) / len(bank)
+    assert same >= min_ratio * chance, (same, chance)

@@ -1,0 +1,143 @@
+"""What every on-policy self-distillation method shares.
+
+The student samples its own trajectories (prompts identical to GRPO's); a
+:class:`~methods.core.teacher.Teacher` -- the same architecture with some
+weight source -- re-reads each trajectory with a privileged context and scores
+the student's tokens; the student minimises a divergence between its
+next-token distributions and the teacher's at its own agent tokens
+(:mod:`methods.divergences`, token-mean).  A method says which teacher
+(``teacher_source``, ``ema_rate``), which divergence, and -- in
+:meth:`SelfDistillation.teacher_contexts` -- what each rollout's privileged
+context is; a rollout whose context is None gets no signal.
+
+At its first step a run also measures what the teacher can give
+(``teacher_context_gain``, logged once): the mean per-token log-likelihood of
+the scripted expert's actions on that step's tasks under the teacher with the
+method's context minus without it.  Near zero or negative means the warm start
+cannot read that context, and the method has nothing to distil.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from tasks.base import Task, format_trace
+
+from ..divergences import DIVERGENCES, divergence, token_mean
+from .batch import RolloutBatch, agent_logits
+from .registry import Method, MethodConfig
+from .rollout import Rollout, trajectory_ids
+from .teacher import WEIGHT_SOURCES, Teacher
+
+__all__ = ["DistillConfig", "SelfDistillation"]
+
+
+@dataclass
+class DistillConfig(MethodConfig):
+    group_size: int = 1  # distillation needs no groups: B tasks x 1 rollout
+    teacher_source: str = "frozen"  # frozen | ema | student
+    ema_rate: float = 0.0  # for teacher_source "ema"
+    divergence: str = "forward_kl"  # forward_kl | reverse_kl | jsd | topk_tail
+    jsd_beta: float = 0.5
+    topk: int = 20  # M of topk_tail
+    topk_support: str = "teacher"  # teacher (LOPD's code) | student (TRL's SDPO port)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.teacher_source not in WEIGHT_SOURCES:
+            raise ValueError(f"teacher_source must be one of {list(WEIGHT_SOURCES)}, got {self.teacher_source!r}")
+        if self.teacher_source == "ema" and not (0 < self.ema_rate <= 1):
+            raise ValueError(f"ema_rate must be in (0, 1] for an EMA teacher, got {self.ema_rate}")
+        if self.divergence not in DIVERGENCES:
+            raise ValueError(f"divergence must be one of {list(DIVERGENCES)}, got {self.divergence!r}")
+        if not (0 <= self.jsd_beta <= 1) or self.topk < 1 or self.topk_support not in ("teacher", "student"):
+            raise ValueError("jsd_beta must be in [0, 1], topk >= 1 and topk_support 'teacher' or 'student'")
+
+
+def expert_trace(domain, task: Task) -> str:
+    """The task's reference solution as an action -> result trace (the scripted expert's episode)."""
+    return format_trace(task, domain.expert_trajectory(task).turns, with_task=False)
+
+
+class SelfDistillation(Method):
+    """Base class: subclasses set ``Config`` and implement :meth:`teacher_contexts`."""
+
+    def __init__(self, cfg: DistillConfig, run):
+        super().__init__(cfg, run)
+        self.teacher = Teacher(run, cfg.teacher_source, cfg.ema_rate)
+        self._gain_logged = False
+        self._expert: dict[str, str] = {}
+
+    def teacher_contexts(self, batch: RolloutBatch) -> list[str | None]:
+        raise NotImplementedError
+
+    def expert_contexts(self, batch: RolloutBatch) -> list[str | None]:
+        """Each rollout's task's reference solution / demonstration (:func:`expert_trace`, cached per task)."""
+        for r in batch.rollouts:
+            if r.task.task_id not in self._expert:
+                self._expert[r.task.task_id] = expert_trace(self.run.domain, r.task)
+        return [self._expert[r.task.task_id] for r in batch.rollouts]
+
+    def prepare(self, batch: RolloutBatch) -> dict[str, float]:
+        contexts = self.teacher_contexts(batch)
+        scores = self.teacher.score(batch.rollouts, contexts, self.run.train_cfg.temperature)
+        batch.extras["teacher_logits"] = scores
+        signal = torch.tensor([s is not None and c is not None for s, c in zip(scores, contexts)], device=batch.rewards.device)
+        batch.extras["has_signal"] = signal
+        out = {"signal_share": float(signal.float().mean())}
+        if not self._gain_logged:
+            self._gain_logged = True
+            tasks = list({r.task.task_id: r.task for r in batch.rollouts}.values())
+            ctx = {r.task.task_id: c for r, c in zip(batch.rollouts, contexts)}
+            out["teacher_context_gain"] = context_gain(self.teacher, tasks, [ctx[t.task_id] for t in tasks])
+        return out
+
+    def trainable_rows(self, batch: RolloutBatch) -> torch.Tensor:
+        return torch.nonzero(batch.extras["has_signal"]).flatten()
+
+    def loss(self, batch, rows, logp, logits):
+        teacher = torch.cat([batch.extras["teacher_logits"][i] for i in rows.tolist()])
+        cfg = self.cfg
+        per_token = divergence(cfg.divergence, logits, teacher, beta=cfg.jsd_beta, m=cfg.topk, support=cfg.topk_support)
+        loss = token_mean(per_token)
+        return loss, {"distill_div": float(loss.detach())}
+
+    def after_step(self, batch: RolloutBatch) -> dict[str, float]:
+        self.teacher.update()
+        return {}
+
+    def state_dict(self):
+        return {"teacher": self.teacher.state_dict(), "gain_logged": self._gain_logged}
+
+    def load_state_dict(self, state) -> None:
+        self.teacher.load_state_dict(state["teacher"])
+        self._gain_logged = state["gain_logged"]
+
+
+@torch.no_grad()
+def context_gain(teacher: Teacher, tasks: Sequence[Task], contexts: Sequence[str | None]) -> float:
+    """Mean per-token log-lik of the expert's actions with the context minus without (tasks with a context)."""
+    run = teacher.run
+    pairs = [(t, c) for t, c in zip(tasks, contexts) if c is not None]
+    if not pairs:
+        return 0.0
+    model = teacher.model
+    was_training = model.training
+    model.eval()
+    totals = []
+    for with_ctx in (True, False):
+        lp_sum, n = 0.0, 0
+        for t, c in pairs:
+            turns = run.domain.expert_trajectory(t).turns
+            ids, mask = trajectory_ids(run.encoder, run.domain, t, c if with_ctx else None, turns)
+            x = torch.tensor([ids], device=run.device)
+            m = torch.tensor([mask[1:]], dtype=torch.float32, device=run.device)
+            logits = agent_logits(model, x, torch.ones_like(x), m)
+            lp_sum += float(torch.log_softmax(logits, -1).gather(-1, x[:, 1:][m.bool()][:, None]).sum())
+            n += int(m.sum())
+        totals.append(lp_sum / max(n, 1))
+    model.train(was_training)
+    return totals[0] - totals[1]

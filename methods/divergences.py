@@ -1,0 +1,109 @@
+"""Divergences between the student's and the teacher's next-token distributions (pure functions).
+
+Every self-distillation method (OPSD, SDPO, SDFT, Skill-SD, LOPD) compares,
+at each agent-token position of the *student's own* trajectory, the student's
+next-token distribution with the teacher's on the same prefix
+(``../shared/design/methods.md``, "Divergence on student samples").  Inputs
+are logits ``[n, V]`` at the n agent-token positions (the packed layout of
+:func:`methods.core.batch.agent_token_logprobs`); outputs are the per-token
+divergence ``[n]``, to be averaged over tokens (:func:`token_mean`).  The
+teacher is always detached here, so gradients reach only the student.
+
+* :func:`forward_kl` -- KL(π_T ‖ π_S) over the vocabulary;
+* :func:`reverse_kl` -- KL(π_S ‖ π_T);
+* :func:`jsd` -- generalized Jensen-Shannon with the GKD convention
+  (β=0 forward KL, β=1 reverse KL, else β·KL(T‖M) + (1−β)·KL(S‖M) with
+  M = β·T + (1−β)·S; Agarwal et al., 2024, Eq. 4 as implemented by TRL);
+* :func:`topk_tail` -- both distributions restricted to M support tokens
+  (the teacher's top-M, LOPD's code and default; or the student's, TRL's
+  SDPO port) plus one tail bucket ``log(1 − Σ p)`` computed stably as
+  ``log(-expm1(logsumexp(top-M log-probs)))``, then a KL on the M+1 bins
+  (reverse by default, as in LOPD and SDPO).
+
+``tests/test_divergences.py`` checks them against TRL's ``GKDTrainer`` and
+``trl.experimental.sdpo`` on random logits.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["forward_kl", "reverse_kl", "jsd", "topk_tail", "token_mean", "DIVERGENCES", "divergence"]
+
+# logsumexp of a top-M subset is clamped just below 0 so the tail bucket stays finite
+_TAIL_CLAMP = -1e-7
+
+
+def _kl_from_logp(p_log: Tensor, q_log: Tensor) -> Tensor:
+    """KL(p ‖ q) over the last dimension from log-probabilities (0·log 0 = 0)."""
+    p = p_log.exp()
+    return torch.where(p > 0, p * (p_log - q_log), torch.zeros_like(p)).sum(-1)
+
+
+def forward_kl(student_logits: Tensor, teacher_logits: Tensor) -> Tensor:
+    """KL(π_T ‖ π_S) per position: the teacher's mass the student misses (mode-covering)."""
+    return _kl_from_logp(torch.log_softmax(teacher_logits.detach().float(), -1), torch.log_softmax(student_logits.float(), -1))
+
+
+def reverse_kl(student_logits: Tensor, teacher_logits: Tensor) -> Tensor:
+    """KL(π_S ‖ π_T) per position: the student's mass where the teacher has little (mode-seeking)."""
+    return _kl_from_logp(torch.log_softmax(student_logits.float(), -1), torch.log_softmax(teacher_logits.detach().float(), -1))
+
+
+def jsd(student_logits: Tensor, teacher_logits: Tensor, beta: float = 0.5) -> Tensor:
+    """Generalized JSD per position; β=0 is :func:`forward_kl`, β=1 :func:`reverse_kl`."""
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"jsd beta must be in [0, 1], got {beta}")
+    if beta == 0.0:
+        return forward_kl(student_logits, teacher_logits)
+    if beta == 1.0:
+        return reverse_kl(student_logits, teacher_logits)
+    s = torch.log_softmax(student_logits.float(), -1)
+    t = torch.log_softmax(teacher_logits.detach().float(), -1)
+    m = torch.logsumexp(torch.stack([s + torch.log1p(torch.tensor(-beta)), t + torch.log(torch.tensor(beta))]), dim=0)
+    return beta * _kl_from_logp(t, m) + (1 - beta) * _kl_from_logp(s, m)
+
+
+def _with_tail(topk_logp: Tensor) -> Tensor:
+    """Append the bucket of the mass outside the support: log(1 − Σ p) = log(−expm1(logsumexp))."""
+    lse = torch.logsumexp(topk_logp, dim=-1, keepdim=True).clamp(max=_TAIL_CLAMP)
+    return torch.cat([topk_logp, torch.log(-torch.expm1(lse))], dim=-1)
+
+
+def topk_tail(student_logits: Tensor, teacher_logits: Tensor, m: int = 20, support: str = "teacher", reverse: bool = True) -> Tensor:
+    """KL on M+1 bins: the top-M tokens of ``support`` ("teacher" or "student") and a tail bucket."""
+    if support not in ("teacher", "student"):
+        raise ValueError(f"topk_tail support must be 'teacher' or 'student', got {support!r}")
+    if m < 1:
+        raise ValueError(f"topk_tail needs m >= 1, got {m}")
+    s = torch.log_softmax(student_logits.float(), -1)
+    t = torch.log_softmax(teacher_logits.detach().float(), -1)
+    k = min(m, s.shape[-1])
+    idx = torch.topk(t if support == "teacher" else s.detach(), k, dim=-1).indices
+    s_bins, t_bins = _with_tail(s.gather(-1, idx)), _with_tail(t.gather(-1, idx))
+    return _kl_from_logp(s_bins, t_bins) if reverse else _kl_from_logp(t_bins, s_bins)
+
+
+def token_mean(per_token: Tensor, weights: Tensor | None = None) -> Tensor:
+    """Mean over agent tokens (optionally weighted; 0 when there are none)."""
+    if weights is None:
+        return per_token.mean() if per_token.numel() else per_token.sum()
+    w = weights.to(per_token.dtype)
+    return (per_token * w).sum() / w.sum().clamp(min=1e-8) if w.numel() else per_token.sum()
+
+
+DIVERGENCES = ("forward_kl", "reverse_kl", "jsd", "topk_tail")
+
+
+def divergence(name: str, student_logits: Tensor, teacher_logits: Tensor, *, beta: float = 0.5, m: int = 20, support: str = "teacher") -> Tensor:
+    """Dispatch by config name (``forward_kl``, ``reverse_kl``, ``jsd``, ``topk_tail``)."""
+    if name == "forward_kl":
+        return forward_kl(student_logits, teacher_logits)
+    if name == "reverse_kl":
+        return reverse_kl(student_logits, teacher_logits)
+    if name == "jsd":
+        return jsd(student_logits, teacher_logits, beta)
+    if name == "topk_tail":
+        return topk_tail(student_logits, teacher_logits, m, support)
+    raise ValueError(f"unknown divergence {name!r}; known: {', '.join(DIVERGENCES)}")

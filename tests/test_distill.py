@@ -1,0 +1,97 @@
+"""Teacher scoring and the self-distillation methods' contracts beyond the shared ones."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from methods.core.batch import agent_token_logprobs, collate
+from methods.core.ledger import Ledger
+from methods.core.loop import RunContext, train
+from methods.core.policy import load_policy
+from methods.core.registry import get_method
+from methods.core.rollout import run_episodes
+from methods.core.teacher import Teacher
+from methods.core.tokenizer import ChatEncoder
+from tasks.base import get_domain
+
+from .conftest import tiny_configs, varied_reward_domain
+
+
+def _run(ws_path, domain_name="tooluse"):
+    _, _, train_cfg = tiny_configs()
+    model, tok = load_policy(ws_path / "model")
+    domain = varied_reward_domain(get_domain(domain_name, seed=0))
+    return RunContext(model=model, tokenizer=tok, encoder=ChatEncoder(tok), domain=domain, train_cfg=train_cfg, ledger=Ledger(train_cfg.rollout_budget), seed=0, device=torch.device("cpu"), warmstart_path=ws_path)
+
+
+def _rollouts(run, n=4):
+    tasks = run.domain.tasks("train", n)
+    return run_episodes(run.model.eval(), run.encoder, run.domain, tasks, None, run.train_cfg.sampling(), torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("domain_name", ["tooluse", "code"])
+def test_teacher_without_context_on_student_weights_scores_exactly_the_students_logits(domain_name, warmstarts):
+    run = _run(warmstarts[domain_name][0], domain_name)
+    rs = _rollouts(run)
+    teacher = Teacher(run, "student")
+    scores = teacher.score(rs, [None] * len(rs), temperature=0.7)
+    b = collate(rs, list(range(len(rs))), run.encoder.pad_id)
+    with torch.no_grad():
+        _, logits = agent_token_logprobs(run.model, b.input_ids, b.attention_mask, b.loss_mask, 0.7)
+    assert [s.shape[0] for s in scores] == [r.generated_tokens for r in rs]
+    assert torch.allclose(torch.cat(scores), logits, atol=1e-4)
+    assert run.ledger.teacher_tokens == sum(len(r.ids) for r in rs)
+
+
+def test_teacher_context_goes_ahead_of_the_task_and_keeps_the_students_tokens(warmstarts):
+    run = _run(warmstarts["tooluse"][0])
+    r = _rollouts(run, 1)[0]
+    ids, mask = Teacher(run, "student").sequences(r, "PRIVILEGED HINT")
+    text = run.encoder.decode(ids)
+    assert text.index("PRIVILEGED HINT") < text.index(r.task.prompt.splitlines()[-1])
+    assert ids[len(ids) - (len(r.ids) - r.prompt_len) :] == r.ids[r.prompt_len :]
+    assert sum(mask) == r.generated_tokens
+
+
+def test_ema_teacher_moves_by_exactly_its_rate_and_frozen_teacher_not_at_all(warmstarts):
+    run = _run(warmstarts["code"][0], "code")
+    ema, frozen = Teacher(run, "ema", ema_rate=0.05), Teacher(run, "frozen")
+    before_t = [p.clone() for p in ema.model.parameters()]
+    frozen_before = [p.clone() for p in frozen.model.parameters()]
+    with torch.no_grad():
+        for p in run.model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    ema.update()
+    frozen.update()
+    for t0, t1, s in zip(before_t, ema.model.parameters(), run.model.parameters()):
+        assert torch.allclose(t1, t0 + 0.05 * (s - t0), atol=1e-6)
+    assert all(torch.equal(a, b) for a, b in zip(frozen_before, frozen.model.parameters()))
+    with pytest.raises(ValueError, match="weight source"):
+        Teacher(run, "oracle")
+
+
+@pytest.mark.parametrize("method_name", ["opsd", "sdft"])
+def test_training_leaves_a_frozen_teacher_bit_identical_and_moves_an_ema_one(method_name, warmstarts, tmp_path):
+    run = _run(warmstarts["code"][0], "code")
+    cls = get_method(method_name)
+    method = cls(cls.Config(), run)
+    before = {k: v.clone() for k, v in method.teacher.model.state_dict().items()}
+    train(method, run, tmp_path)
+    after = method.teacher.model.state_dict()
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    if method.cfg.teacher_source == "frozen":
+        assert not changed
+    else:
+        assert changed
+    assert run.ledger.teacher_tokens > 0
+    first = [r for r in map(__import__("json").loads, (tmp_path / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"][0]
+    assert "teacher_context_gain" in first and "signal_share" in first
+
+
+def test_distill_config_rejects_bad_values():
+    cls = get_method("sdft").Config
+    with pytest.raises(ValueError, match="ema_rate"):
+        cls(ema_rate=0.0)
+    with pytest.raises(ValueError, match="divergence"):
+        get_method("opsd").Config(divergence="l2")

@@ -95,3 +95,24 @@ def test_distill_config_rejects_bad_values():
         cls(ema_rate=0.0)
     with pytest.raises(ValueError, match="divergence"):
         get_method("opsd").Config(divergence="l2")
+
+
+def test_sdpo_context_uses_a_successful_sibling_never_itself_and_feedback(warmstarts):
+    from methods.core.batch import collate as _collate
+
+    run = _run(warmstarts["tooluse"][0])
+    cls = get_method("sdpo")
+    method = cls(cls.Config(), run)
+    import dataclasses
+
+    first = _rollouts(run, 1)[0]
+    # one group of four attempts at the same task: rewards 1, 0, 1, 0 (set by hand)
+    rs = [dataclasses.replace(first, reward=rw, feedback=fb) for rw, fb in [(1.0, ""), (0.0, "errors: unknown tool"), (1.0, ""), (0.0, "")]]
+    b = _collate(rs, [0, 0, 0, 0], run.encoder.pad_id)
+    ctx = method.teacher_contexts(b)
+    assert all(c is not None for c in ctx[:3])
+    assert "feedback on a failed attempt" in ctx[1] and "unknown tool" in ctx[1]
+    assert "feedback" not in ctx[0]  # a success gets its sibling's trace only
+    assert ctx[3] is not None and "feedback" not in ctx[3]  # failure without feedback: the sibling still teaches
+    lone = _collate(rs[:1], [0], run.encoder.pad_id)
+    assert method.teacher_contexts(lone) == [None]  # a lone success: neither source, no signal

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["forward_kl", "reverse_kl", "jsd", "topk_tail", "token_mean", "DIVERGENCES", "divergence"]
+__all__ = ["forward_kl", "reverse_kl", "jsd", "topk_tail", "sampled_token_reverse_kl", "token_mean", "DIVERGENCES", "divergence"]
 
 # logsumexp of a top-M subset is clamped just below 0 so the tail bucket stays finite
 _TAIL_CLAMP = -1e-7
@@ -83,6 +83,22 @@ def topk_tail(student_logits: Tensor, teacher_logits: Tensor, m: int = 20, suppo
     idx = torch.topk(t if support == "teacher" else s.detach(), k, dim=-1).indices
     s_bins, t_bins = _with_tail(s.gather(-1, idx)), _with_tail(t.gather(-1, idx))
     return _kl_from_logp(s_bins, t_bins) if reverse else _kl_from_logp(t_bins, s_bins)
+
+
+def sampled_token_reverse_kl(student_logp: Tensor, teacher_logp: Tensor, old_logp: Tensor | None = None, is_clip: float | None = 2.0) -> Tensor:
+    """Per-token surrogate of KL(π_S ‖ π_T) from the sampled tokens only (Skill-SD's term).
+
+    ``sg[log π_S(a) − log π_T(a)] · log π_S(a)``: its gradient is the
+    score-function estimate of ∇ KL(π_S ‖ π_T) on the student's own samples.
+    With ``old_logp`` it is importance-weighted by ``min(π_S(a)/π_old(a), is_clip)``
+    (detached), as in TRL's SDPO port.  Inputs are log-probs ``[n]`` of the
+    sampled tokens; the teacher's are detached.
+    """
+    loss = (student_logp - teacher_logp.detach()).detach() * student_logp
+    if old_logp is not None:
+        ratio = torch.exp((student_logp - old_logp).detach().clamp(-20.0, 20.0))
+        loss = loss * (ratio.clamp(max=is_clip) if is_clip is not None else ratio)
+    return loss
 
 
 def token_mean(per_token: Tensor, weights: Tensor | None = None) -> Tensor:

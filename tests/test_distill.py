@@ -116,3 +116,38 @@ def test_sdpo_context_uses_a_successful_sibling_never_itself_and_feedback(warmst
     assert ctx[3] is not None and "feedback" not in ctx[3]  # failure without feedback: the sibling still teaches
     lone = _collate(rs[:1], [0], run.encoder.pad_id)
     assert method.teacher_contexts(lone) == [None]  # a lone success: neither source, no signal
+
+
+def test_skill_library_ucb1_and_summaries():
+    from methods.skill_sd import SkillLibrary
+
+    lib = SkillLibrary()
+    task = get_domain("code", seed=0).tasks("train", 1)[0]
+    assert lib.select(task, 1.4) is None  # no candidate: GRPO term only
+    assert lib.add("a", task.group_id) and lib.add("b", task.group_id) and not lib.add("a", task.group_id)
+    lib.add("other group", "elsewhere")
+    first = lib.select(task, 1.4)
+    lib.record(first, 0.0)
+    second = lib.select(task, 1.4)
+    assert {first, second} == {0, 1}  # every candidate is tried once before exploiting
+    lib.record(second, 1.0)
+    assert lib.select(task, 0.0) == second  # c = 0: pure exploitation of the better mean
+    state = lib.state_dict()
+    lib2 = SkillLibrary()
+    lib2.load_state_dict(state)
+    assert lib2.state_dict() == state and lib2.select(task, 0.0) == second
+
+
+def test_skill_sd_distillation_term_reaches_the_student(warmstarts, tmp_path):
+    import json
+
+    run = _run(warmstarts["tooluse"][0])
+    cls = get_method("skill_sd")
+    method = cls(cls.Config(sdl_weight=1.0), run)
+    # seed the library with a skill for every training task's group so the teacher term is active
+    for group in {t.group_id for t in run.domain.tasks("train")}:
+        method.library.add("what worked:\n> hint", group)
+    train(method, run, tmp_path)
+    recs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    trains = [r for r in recs if r["kind"] == "train"]
+    assert all(r["skill_share"] == 1.0 for r in trains) and any(r["sdl"] != 0 for r in trains)

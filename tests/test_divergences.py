@@ -94,3 +94,19 @@ def test_token_mean_and_bad_names():
         topk_tail(*_logits(0), support="both")
     with pytest.raises(ValueError, match="beta"):
         jsd(*_logits(0), beta=1.5)
+
+
+def test_sampled_token_reverse_kl_matches_trl_sdpo_sampled_token_path():
+    from trl.experimental.sdpo.loss_utils import apply_importance_sampling_clipping, compute_sampled_token_self_distillation_loss
+
+    from methods.divergences import sampled_token_reverse_kl
+
+    s, t = _logits(6)
+    ids = torch.randint(0, s.shape[1], (s.shape[0],), generator=torch.Generator().manual_seed(0))
+    old = torch.log_softmax(s + 0.3 * torch.randn_like(s), -1).gather(-1, ids[:, None]).squeeze(-1)
+    ref = compute_sampled_token_self_distillation_loss(s[None], t[None], ids[None], distillation_alpha=1.0)[0]
+    slp = torch.log_softmax(s, -1).gather(-1, ids[:, None]).squeeze(-1)
+    tlp = torch.log_softmax(t, -1).gather(-1, ids[:, None]).squeeze(-1)
+    assert torch.allclose(sampled_token_reverse_kl(slp, tlp, None), ref, atol=1e-5)
+    ref_is = apply_importance_sampling_clipping(ref, slp, old, 2.0)
+    assert torch.allclose(sampled_token_reverse_kl(slp, tlp, old, 2.0), ref_is, atol=1e-5)

@@ -122,6 +122,11 @@ def test_shipped_config_validates():
         (lambda c: c["methods"].update(grpo={"group_size": 6}), r"train.rollout_budget \(1600\) must be a multiple of methods.grpo.group_size \(6\)"),
         (lambda c: c["profiles"]["small"]["train"].update(eval_every=400), r"train.eval_every \(400\) must be a multiple of train.rollouts_per_step \(32\)"),
         (lambda c: c["methods"].update(grpo={"loss_agg": "mean"}), "loss_agg must be one of"),
+        (lambda c: c["methods"].update(sdpo={"divergence": "l2"}), "methods.sdpo: divergence must be one of"),
+        (lambda c: c["methods"].update(sdft={"ema_rate": 1.5}), r"methods.sdft: ema_rate must be in \(0, 1\]"),
+        (lambda c: c["methods"].update(sdpo={"topk": 0}), "methods.sdpo: .*topk >= 1"),
+        (lambda c: c["methods"].update(retrieval_rl={"n_retrieve": 0}), "methods.retrieval_rl: n_retrieve must be >= 1"),
+        (lambda c: c["profiles"]["small"].update(bank={"success_threshold": 0}), r"bank.success_threshold must be in \(0, 1\]"),
     ],
 )
 def test_invalid_config_names_the_field(mutate, message):

@@ -151,3 +151,29 @@ def test_skill_sd_distillation_term_reaches_the_student(warmstarts, tmp_path):
     recs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     trains = [r for r in recs if r["kind"] == "train"]
     assert all(r["skill_share"] == 1.0 for r in trains) and any(r["sdl"] != 0 for r in trains)
+
+
+def test_context_gain_is_the_difference_of_expert_log_likelihoods(warmstarts):
+    from methods.core.batch import token_logprobs
+    from methods.core.distill import context_gain, expert_trace
+    from methods.core.rollout import trajectory_ids
+
+    run = _run(warmstarts["code"][0], "code")
+    teacher = Teacher(run, "student")
+    tasks = run.domain.tasks("train", 3)
+    ctx = [expert_trace(run.domain, t) for t in tasks]
+    assert context_gain(teacher, tasks, [None] * 3) == 0.0  # no context: nothing to measure
+
+    def mean_lp(with_ctx):
+        tot, n = 0.0, 0
+        for t, c in zip(tasks, ctx):
+            ids, mask = trajectory_ids(run.encoder, run.domain, t, c if with_ctx else None, run.domain.expert_trajectory(t).turns)
+            x = torch.tensor([ids])
+            lp, _ = token_logprobs(run.model, x, torch.ones_like(x))
+            m = torch.tensor([mask[1:]], dtype=torch.float32)
+            tot, n = tot + float((lp * m).sum()), n + int(m.sum())
+        return tot / n
+
+    with torch.no_grad():
+        expected = mean_lp(True) - mean_lp(False)
+    assert context_gain(teacher, tasks, ctx) == pytest.approx(expected, abs=1e-4)

@@ -151,8 +151,11 @@ class SkillSD(GRPO):
         if keep and self.cfg.sdl_weight > 0:
             mask = agent.bool() & batch.extras["has_skill"][rows][:, None]
             t_lp = torch.cat([batch.extras["teacher_logp"][i] for i in keep])
-            kl = sampled_token_reverse_kl(logp[mask], t_lp, rows_of(batch.extras["old_logp"], rows, width)[mask], self.cfg.is_clip)
+            s_lp = logp[mask]
+            kl = sampled_token_reverse_kl(s_lp, t_lp, rows_of(batch.extras["old_logp"], rows, width)[mask], self.cfg.is_clip)
             sdl = token_mean(kl)
+            # the surrogate's value is not a divergence; log the sampled-token estimate of KL(π_S ‖ π_T) too
+            metrics = {**metrics, "sdl_kl": float((s_lp - t_lp).detach().mean())}
         else:
             sdl = logp.sum() * 0.0
         metrics = {**metrics, "sdl": float(sdl.detach())}

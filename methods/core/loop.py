@@ -52,7 +52,7 @@ class TrainConfig:
     temperature: float = 1.0  # sampling temperature of training rollouts
     max_new_tokens: int = 48  # per assistant turn
     max_seq_len: int = 1024
-    eval_every: int = 400  # rollouts between held-out evaluations (also at 0 and at the end)
+    eval_every: int = 320  # rollouts between held-out evaluations (also at 0 and at the end); a multiple of rollouts_per_step
     eval_episodes: int = 200
     eval_temperature: float = 0.0  # 0: greedy evaluation
     checkpoint_every: int = 5  # steps

@@ -26,6 +26,7 @@ import torch
 from tasks.base import Task
 
 from .core.batch import rows_of
+from .core.distill import context_gain
 from .core.registry import register_method
 from .core.teacher import Teacher
 from .divergences import sampled_token_reverse_kl, token_mean
@@ -113,6 +114,7 @@ class SkillSD(GRPO):
         super().__init__(cfg, run)
         self.teacher = Teacher(run, "student")
         self.library = SkillLibrary()
+        self._gain_logged = False
 
     def prepare(self, batch):
         out = super().prepare(batch)
@@ -134,6 +136,11 @@ class SkillSD(GRPO):
                 rewards = [r.reward for r in batch.rollouts if r.task.task_id == task_id]
                 self.library.record(idx, sum(rewards) / len(rewards))
         out.update({"skill_share": float(batch.extras["has_skill"].float().mean()), "skills": len(self.library.skills)})
+        with_skill = [(r.task, c) for r, c in zip(batch.rollouts, contexts) if c is not None]
+        if with_skill and not self._gain_logged:  # the first step whose tasks have skills (the library starts empty)
+            self._gain_logged = True
+            by_task = {t.task_id: (t, c) for t, c in with_skill}
+            out["teacher_context_gain"] = context_gain(self.teacher, [t for t, _ in by_task.values()], [c for _, c in by_task.values()])
         return out
 
     def trainable_rows(self, batch):
@@ -166,7 +173,8 @@ class SkillSD(GRPO):
         return {"skills_added": added}
 
     def state_dict(self):
-        return {"library": self.library.state_dict()}
+        return {"library": self.library.state_dict(), "gain_logged": self._gain_logged}
 
     def load_state_dict(self, state) -> None:
         self.library.load_state_dict(state["library"])
+        self._gain_logged = state.get("gain_logged", True)

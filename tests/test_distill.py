@@ -151,6 +151,7 @@ def test_skill_sd_distillation_term_reaches_the_student(warmstarts, tmp_path):
     recs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     trains = [r for r in recs if r["kind"] == "train"]
     assert all(r["skill_share"] == 1.0 for r in trains) and any(r["sdl"] != 0 for r in trains)
+    assert "teacher_context_gain" in trains[0] and "teacher_context_gain" not in trains[1]  # measured once
 
 
 def test_context_gain_is_the_difference_of_expert_log_likelihoods(warmstarts):

@@ -65,6 +65,7 @@ def main(argv=None) -> None:
         "eval_s": round(sum(r["eval_s"] for r in recs if r["kind"] == "eval"), 1),
         "evals": sum(r["kind"] == "eval" for r in recs), "final_heldout_reward": summary["final"]["heldout_reward"],
         "curve": [(r["rollouts"], round(r["heldout_reward"], 3)) for r in recs if r["kind"] == "eval"],
+        "teacher_context_gain": next((r["teacher_context_gain"] for r in trains if "teacher_context_gain" in r), None),
         "overrides": a.set, "ledger": summary["ledger"],
     }))
 

@@ -3,8 +3,9 @@
     python benchmarks/method_cost.py --runs results/small/runs
 
 For each (domain, method): mean wall time per training step (rollouts + update
-+ retrieval, from ``metrics.jsonl``), teacher-scored tokens per step and
-generated tokens per step (from the ledger), averaged over seeds, and the
++ retrieval, from ``metrics.jsonl``), teacher-scored tokens per step,
+generated tokens per step (from the ledger) and the rollouts the update trained
+on per step (GRPO skips groups whose rewards are all equal), averaged over seeds, and the
 ratio of the step time to GRPO's on the same domain.  The runs of one pipeline
 share the machine the same way (two single-thread jobs on two cores), so their
 times compare; evaluations are excluded.  Prints a Markdown table and one JSON
@@ -32,7 +33,8 @@ def main(argv=None) -> None:
             continue
         wall = sum(r["rollout_s"] + r.get("update_s", 0.0) + r.get("retrieval_s", 0.0) for r in steps) / len(steps)
         led = s["ledger"]
-        rows[(s["domain"], s["method"])].append({"step_s": wall, "teacher_tokens": led["teacher_tokens"] / len(steps), "generated_tokens": led["generated_tokens"] / len(steps)})
+        trained = sum(r.get("trained_rollouts", 0) for r in steps) / len(steps)
+        rows[(s["domain"], s["method"])].append({"step_s": wall, "teacher_tokens": led["teacher_tokens"] / len(steps), "generated_tokens": led["generated_tokens"] / len(steps), "trained_rollouts": trained})
     if not rows:
         p.error(f"no finished runs under {a.runs}")
     table = []
@@ -42,10 +44,10 @@ def main(argv=None) -> None:
     for row in table:
         base = next((r for r in table if r["domain"] == row["domain"] and r["method"] == "grpo"), None)
         row["step_time_vs_grpo"] = round(row["step_s"] / base["step_s"], 2) if base else None
-    print("| domain | method | seeds | s / step | x GRPO | teacher tokens / step | generated tokens / step |")
-    print("|---|---|---|---|---|---|---|")
+    print("| domain | method | seeds | s / step | x GRPO | teacher tokens / step | generated tokens / step | rollouts trained on / step |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in table:
-        print(f"| {r['domain']} | {r['method']} | {r['seeds']} | {r['step_s']:.2f} | {r['step_time_vs_grpo']} | {r['teacher_tokens']:.0f} | {r['generated_tokens']:.0f} |")
+        print(f"| {r['domain']} | {r['method']} | {r['seeds']} | {r['step_s']:.2f} | {r['step_time_vs_grpo']} | {r['teacher_tokens']:.0f} | {r['generated_tokens']:.0f} | {r['trained_rollouts']:.1f} |")
     for r in table:
         print(json.dumps(r))
 

@@ -43,7 +43,7 @@ class RetrievalRLConfig(GRPOConfig):
 
 def render_experience(hits) -> str | None:
     """The context block of retrieved experiences (None when nothing was retrieved)."""
-    return "\n\n".join(e.render() for e in hits) if hits else None
+    return "\n\n".join(e.document() for e in hits) if hits else None
 
 
 @register_method("retrieval_rl")

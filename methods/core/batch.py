@@ -73,12 +73,25 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     return logp, logits
 
 
+def pad_examples(examples: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-pad ``[(ids, agent_mask)]`` into ``ids``/``attn`` [B, T] and the next-token mask [B, T-1]."""
+    width = max(len(ids) for ids, _ in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(examples), width), dtype=torch.long)
+    mask = torch.zeros((len(examples), width), dtype=torch.float32)
+    for i, (x, m) in enumerate(examples):
+        ids[i, : len(x)] = torch.tensor(x)
+        attn[i, : len(x)] = 1
+        mask[i, : len(x)] = torch.tensor(m, dtype=torch.float32)
+    return ids, attn, mask[:, 1:]
+
+
 def agent_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Next-token logits [n, V] (float32) at the positions where ``mask`` [N, T-1] is 1, row-major.
 
-    Only those positions go through the output head: the agent's tokens are a
-    small share of a sequence (tool use: ~10 %), and the head plus its softmax
-    over the vocabulary was the largest single cost of an update.
+    Only those positions go through the output head and its softmax over the
+    vocabulary: the agent's tokens are a small share of a sequence (the prompt
+    and the tool outputs are the rest).
     """
     hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state[:, :-1]
     return model.get_output_embeddings()(hidden[mask.bool()]).float()

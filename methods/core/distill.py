@@ -27,10 +27,10 @@ import torch
 from tasks.base import Task, format_trace
 
 from ..divergences import DIVERGENCES, divergence, token_mean
-from .batch import RolloutBatch, agent_logits
+from .batch import RolloutBatch
 from .registry import Method, MethodConfig
-from .rollout import Rollout, trajectory_ids
 from .teacher import WEIGHT_SOURCES, Teacher
+from .warmstart import mean_agent_logprob
 
 __all__ = ["DistillConfig", "SelfDistillation"]
 
@@ -119,25 +119,16 @@ class SelfDistillation(Method):
 
 @torch.no_grad()
 def context_gain(teacher: Teacher, tasks: Sequence[Task], contexts: Sequence[str | None]) -> float:
-    """Mean per-token log-lik of the expert's actions with the context minus without (tasks with a context)."""
+    """Mean per-token log-lik of the expert's actions with the context minus without (tasks with a context).
+
+    The warm start's own context check (:func:`methods.core.warmstart.mean_agent_logprob`) on the teacher."""
     run = teacher.run
-    pairs = [(t, c) for t, c in zip(tasks, contexts) if c is not None]
-    if not pairs:
+    items = [(t, c, run.domain.expert_trajectory(t).turns) for t, c in zip(tasks, contexts) if c is not None]
+    if not items:
         return 0.0
     model = teacher.model
     was_training = model.training
-    model.eval()
-    totals = []
-    for with_ctx in (True, False):
-        lp_sum, n = 0.0, 0
-        for t, c in pairs:
-            turns = run.domain.expert_trajectory(t).turns
-            ids, mask = trajectory_ids(run.encoder, run.domain, t, c if with_ctx else None, turns)
-            x = torch.tensor([ids], device=run.device)
-            m = torch.tensor([mask[1:]], dtype=torch.float32, device=run.device)
-            logits = agent_logits(model, x, torch.ones_like(x), m)
-            lp_sum += float(torch.log_softmax(logits, -1).gather(-1, x[:, 1:][m.bool()][:, None]).sum())
-            n += int(m.sum())
-        totals.append(lp_sum / max(n, 1))
+    with_ctx = mean_agent_logprob(model, run.encoder, run.domain, items)
+    without = mean_agent_logprob(model, run.encoder, run.domain, [(t, None, turns) for t, _, turns in items])
     model.train(was_training)
-    return totals[0] - totals[1]
+    return with_ctx - without

@@ -76,9 +76,9 @@ class _SlabLayer(DynamicLayer):
     """A cache layer whose keys/values live in a preallocated slab.
 
     ``DynamicLayer`` appends with ``torch.cat``, which copies the whole cache
-    every decoded token: measured 41 % of a tool-use evaluation's wall time on
-    one core (cProfile, 200 episodes), more than the attention itself.  Here a
-    token is written in place; the slab is reallocated only by :meth:`reserve`
+    every decoded token, so a decode step costs as much as the cache is large
+    (with the compaction below: tool use at batch 200, 13.4 -> 26.2 rollouts/s,
+    ``benchmarks/bench_rollout.py``).  Here a token is written in place; the slab is reallocated only by :meth:`reserve`
     (once per turn) or when a write would overflow it.  ``keys``/``values`` are
     views of the filled part, so the model sees an ordinary cache.
     """
@@ -166,7 +166,7 @@ class _Batch:
     longest).  Before a new segment is appended, each row's real columns are
     gathered into a left-padded layout (:meth:`_compact`): keys carry their
     RoPE positions with them, so moving them between columns changes nothing
-    but the attention's length (1.2-1.7x shorter on tool use).
+    but the attention's length.
     """
 
     def __init__(self, model, prompts: Sequence[Sequence[int]], pad_id: int):

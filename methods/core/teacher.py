@@ -26,7 +26,7 @@ from typing import Sequence
 
 import torch
 
-from .batch import agent_logits
+from .batch import agent_logits, pad_examples
 from .rollout import Rollout, initial_prompt_ids
 
 __all__ = ["Teacher", "WEIGHT_SOURCES"]
@@ -94,23 +94,14 @@ class Teacher:
         model = self.model
         was_training = model.training
         model.eval()
-        pad = self.run.encoder.pad_id
+        dev = self.run.device
         for start in range(0, len(todo), self.batch_size):
             chunk = todo[start : start + self.batch_size]
-            width = max(len(seqs[i][0]) for i in chunk)
-            ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-            attn = torch.zeros((len(chunk), width), dtype=torch.long)
-            mask = torch.zeros((len(chunk), width), dtype=torch.float32)
-            for row, i in enumerate(chunk):
-                x, m = seqs[i]
-                ids[row, : len(x)] = torch.tensor(x)
-                attn[row, : len(x)] = 1
-                mask[row, : len(m)] = torch.tensor(m, dtype=torch.float32)
-            dev = self.run.device
-            logits = agent_logits(model, ids.to(dev), attn.to(dev), mask[:, 1:].to(dev))
+            ids, attn, mask = pad_examples([seqs[i] for i in chunk], self.run.encoder.pad_id)
+            logits = agent_logits(model, ids.to(dev), attn.to(dev), mask.to(dev))
             if temperature != 1.0:
                 logits = logits / temperature
-            counts = mask[:, 1:].sum(-1).long().tolist()
+            counts = mask.sum(-1).long().tolist()
             for i, piece in zip(chunk, torch.split(logits, counts)):
                 out[i] = piece
             self.run.ledger.add_teacher_tokens(int(attn.sum()))

@@ -52,7 +52,7 @@ import torch
 from tasks.base import Episode, Task, TaskDomain, format_trace
 
 from .evaluate import evaluate
-from .batch import agent_logits
+from .batch import agent_logits, pad_examples
 from .policy import ModelConfig, build_policy, count_parameters
 from .rollout import SamplingConfig, trajectory_ids
 from .tokenizer import ChatEncoder, train_tokenizer
@@ -183,18 +183,6 @@ def copy_examples(encoder, corpus: Sequence[str], n: int, rng: random.Random) ->
     return out
 
 
-def _pad(batch, pad_id):
-    width = max(len(ids) for ids, _ in batch)
-    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(batch), width), dtype=torch.long)
-    mask = torch.zeros((len(batch), width), dtype=torch.float32)
-    for i, (x, m) in enumerate(batch):
-        ids[i, : len(x)] = torch.tensor(x)
-        attn[i, : len(x)] = 1
-        mask[i, : len(x)] = torch.tensor(m, dtype=torch.float32)
-    return ids, attn, mask[:, 1:]
-
-
 def masked_nll(model, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed NLL of the next tokens where ``mask`` [B, T-1] is 1, and the token count.
 
@@ -242,7 +230,7 @@ def sft(model, examples, pad_id: int, cfg: WarmStartConfig, seed: int, log_every
     t0 = time.perf_counter()
     batches = batch_stream(examples, cfg.batch_size, seed, bucket=cfg.bucket_batches)
     for step in range(cfg.steps):
-        ids, attn, mask = _pad(next(batches), pad_id)
+        ids, attn, mask = pad_examples(next(batches), pad_id)
         nll, count = masked_nll(model, ids, attn, mask)
         loss = nll / count.clamp(min=1)
         opt.zero_grad(set_to_none=True)
@@ -264,8 +252,9 @@ def mean_agent_logprob(model, encoder, domain, items) -> float:
     tot, cnt = 0.0, 0.0
     for start in range(0, len(items), 32):
         chunk = [trajectory_ids(encoder, domain, t, c, turns) for t, c, turns in items[start : start + 32]]
-        ids, attn, mask = _pad(chunk, encoder.pad_id)
-        nll, count = masked_nll(model, ids, attn, mask)
+        dev = next(model.parameters()).device
+        ids, attn, mask = pad_examples(chunk, encoder.pad_id)
+        nll, count = masked_nll(model, ids.to(dev), attn.to(dev), mask.to(dev))
         tot -= float(nll)
         cnt += float(count)
     return tot / max(cnt, 1.0)

@@ -68,12 +68,9 @@ class Experience:
     step: int  # training step that produced it (-1: the bank's seed)
 
     def document(self) -> str:
-        """What is embedded on the document side: task + trajectory (the paper's version)."""
+        """Task + trajectory: what is embedded on the document side (the paper's version) and what a
+        student is shown (the format of :func:`tasks.base.format_trace` with the task)."""
         return f"{self.task_text}\n{self.trace}"
-
-    def render(self) -> str:
-        """How the experience is shown as text (the format of :func:`tasks.base.format_trace`)."""
-        return self.document()
 
 
 class ExperienceBank:

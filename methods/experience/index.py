@@ -1,7 +1,7 @@
 """A FAISS inner-product index over unit vectors, grown incrementally.
 
-Exact search (``IndexFlatIP``): at the bank sizes a run reaches (10^2-10^5
-entries) a query costs well under a millisecond to a few milliseconds
+Exact search (``IndexFlatIP``): at the bank sizes a run reaches (10^2-10^3
+entries) a query costs ~0.03 ms, and ~12 ms at 10^5 on one thread
 (``benchmarks/bench_retrieval.py``), so no approximate index is needed.
 FAISS's OpenMP threads are capped at torch's intra-op thread count, which the
 job sets from its Snakemake ``threads:``.

@@ -1,0 +1,78 @@
+"""What a privileged context gives a warm-started teacher, by kind of context.
+
+    python benchmarks/probe_teacher_context.py --domain tooluse --warmstart results/small/warmstart/tooluse/seed0
+
+Samples the warm-start policy once on training tasks (the training temperature),
+keeps the failed episodes that carry environment feedback, and reports
+``teacher_context_gain`` (:func:`methods.core.distill.context_gain`: the
+expert actions' mean per-token log-likelihood with the context minus without)
+for the contexts the self-distillation methods build:
+
+* ``own_solution``  -- the task's reference solution (OPSD, SDFT; SDPO's successful sibling is alike);
+* ``solution_and_feedback`` -- SDPO's context for a failed rollout with a successful sibling;
+* ``feedback_only`` -- SDPO's context for a failed rollout without one.
+
+Positive: the teacher can use that context; negative: it misleads the teacher.
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main(argv=None) -> None:
+    from methods.core.config import resolve_job
+    from methods.core.distill import context_gain, expert_trace
+    from methods.core.ledger import Ledger
+    from methods.core.loop import RunContext, TrainConfig
+    from methods.core.policy import load_policy
+    from methods.core.registry import make_config
+    from methods.core.rollout import run_episodes
+    from methods.core.teacher import Teacher
+    from methods.core.tokenizer import ChatEncoder
+    from methods.sdpo import sdpo_context
+    from tasks.base import get_domain
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--domain", required=True)
+    p.add_argument("--warmstart", required=True)
+    p.add_argument("--tasks", type=int, default=60, help="training tasks sampled once each")
+    p.add_argument("--max-failures", type=int, default=30)
+    p.add_argument("--threads", type=int, default=1)
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    job = resolve_job(config, a.domain)
+    train_cfg = make_config(TrainConfig, job["train"], "train")
+    domain = get_domain(a.domain, seed=job["task_seed"], **job["domain_options"])
+    model, tok = load_policy(Path(a.warmstart) / "model")
+    enc = ChatEncoder(tok)
+    run = RunContext(model=model, tokenizer=tok, encoder=enc, domain=domain, train_cfg=train_cfg, ledger=Ledger(1), seed=0, device=torch.device("cpu"))
+    tasks = domain.tasks("train", a.tasks)
+    rollouts = run_episodes(model.eval(), enc, domain, tasks, None, train_cfg.sampling(), torch.Generator().manual_seed(0))
+    failed = [(t, r.feedback) for t, r in zip(tasks, rollouts) if r.reward < 1.0 and r.feedback][: a.max_failures]
+    ft = [t for t, _ in failed]
+    own = [expert_trace(domain, t) for t in ft]
+    teacher = Teacher(run, "student")  # the warm start's weights
+    out = {
+        "domain": a.domain, "warmstart": a.warmstart, "failed_episodes": len(ft),
+        "own_solution": round(context_gain(teacher, ft, own), 4),
+        "solution_and_feedback": round(context_gain(teacher, ft, [sdpo_context(o, fb) for o, (_, fb) in zip(own, failed)]), 4),
+        "feedback_only": round(context_gain(teacher, ft, [sdpo_context(None, fb) for _, fb in failed]), 4),
+    }
+    domain.close()
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -15,6 +15,7 @@ include: "rules/common.smk"
 include: "rules/warmstart.smk"
 include: "rules/bank.smk"
 include: "rules/train.smk"
+include: "rules/lopd.smk"
 include: "rules/table1.smk"
 
 

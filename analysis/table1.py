@@ -101,9 +101,9 @@ def curves(runs: list[str]) -> pd.DataFrame:
     return pd.DataFrame(out, columns=["domain", "method", "rollouts", "metric", "mean", "ci_low", "ci_high", "n_seeds"])
 
 
-def to_markdown(df: pd.DataFrame) -> str:
+def to_markdown(df: pd.DataFrame, title: str = "Table 1") -> str:
     lines = [
-        "# Table 1: held-out reward (mean and 95 % bootstrap CI over seeds)",
+        f"# {title}: held-out reward (mean and 95 % bootstrap CI over seeds)",
         "",
         "| domain | method | held-out reward | 95 % CI | seeds | rollout budget | pre-RL rollouts (bank seed) |",
         "|---|---|---|---|---|---|---|",
@@ -124,16 +124,17 @@ def main(argv=None) -> None:
     p.add_argument("--out-csv", required=True)
     p.add_argument("--out-md", required=True)
     p.add_argument("--out-curves", help="learning curves CSV (optional)")
+    p.add_argument("--title", default="Table 1", help="heading of the markdown table")
     a = p.parse_args(argv)
     rows = load_runs(a.vanilla, a.runs)
     if not rows:
         p.error("no runs given")
     df = table(rows)
     _write(a.out_csv, df.to_csv(index=False))
-    _write(a.out_md, to_markdown(df))
+    _write(a.out_md, to_markdown(df, a.title))
     if a.out_curves:
         _write(a.out_curves, curves(a.runs).to_csv(index=False))
-    print(to_markdown(df))
+    print(to_markdown(df, a.title))
     print(f"wrote {a.out_csv}, {a.out_md}" + (f", {a.out_curves}" if a.out_curves else ""))
 
 

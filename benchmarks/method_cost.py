@@ -20,6 +20,10 @@ from collections import defaultdict
 from pathlib import Path
 
 
+# LOPD's timed parts, all inside the loop's update timer (methods/lopd/method.py)
+LOPD_PARTS = ("lopd_retrieval_s", "composer_s", "teacher_s", "composer_step_s", "bank_add_s")
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", default="results/small/runs", help="directory of <domain>/<method>/seed<S>/ runs")
@@ -34,7 +38,8 @@ def main(argv=None) -> None:
         wall = sum(r["rollout_s"] + r.get("update_s", 0.0) + r.get("retrieval_s", 0.0) for r in steps) / len(steps)
         led = s["ledger"]
         trained = sum(r.get("trained_rollouts", 0) for r in steps) / len(steps)
-        rows[(s["domain"], s["method"])].append({"step_s": wall, "teacher_tokens": led["teacher_tokens"] / len(steps), "generated_tokens": led["generated_tokens"] / len(steps), "trained_rollouts": trained})
+        parts = {k: sum(r.get(k, 0.0) for r in steps) / len(steps) for k in ("rollout_s", "update_s", *LOPD_PARTS)}
+        rows[(s["domain"], s["method"])].append({"step_s": wall, "teacher_tokens": led["teacher_tokens"] / len(steps), "generated_tokens": led["generated_tokens"] / len(steps), "trained_rollouts": trained, **parts})
     if not rows:
         p.error(f"no finished runs under {a.runs}")
     table = []
@@ -48,6 +53,14 @@ def main(argv=None) -> None:
     print("|---|---|---|---|---|---|---|---|")
     for r in table:
         print(f"| {r['domain']} | {r['method']} | {r['seeds']} | {r['step_s']:.2f} | {r['step_time_vs_grpo']} | {r['teacher_tokens']:.0f} | {r['generated_tokens']:.0f} | {r['trained_rollouts']:.1f} |")
+    lopd = [r for r in table if r.get("composer_s")]
+    if lopd:
+        print("\nWhere an LOPD step's time goes (s / step; 'student' = the student's update: the rest of the update timer)")
+        print("| domain | method | rollouts | retrieval | composer (latents) | teacher | composer step | bank growth | student |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for r in lopd:
+            student = r["update_s"] - sum(r[k] for k in LOPD_PARTS)
+            print(f"| {r['domain']} | {r['method']} | {r['rollout_s']:.2f} | {r['lopd_retrieval_s']:.2f} | {r['composer_s']:.2f} | {r['teacher_s']:.2f} | {r['composer_step_s']:.2f} | {r['bank_add_s']:.2f} | {student:.2f} |")
     for r in table:
         print(json.dumps(r))
 

@@ -2,7 +2,8 @@
 
     python -m methods.cli warmstart --job JSON --seed S --out DIR [--threads N]
     python -m methods.cli bank      --job JSON --seed S --warmstart DIR --out DIR [--threads N]
-    python -m methods.cli train     --job JSON --seed S --warmstart DIR --out DIR [--bank FILE] [--threads N]
+    python -m methods.cli coldstart --job JSON --seed S --warmstart DIR --bank FILE --out DIR [--threads N]
+    python -m methods.cli train     --job JSON --seed S --warmstart DIR --out DIR [--bank FILE] [--composer FILE] [--threads N]
 
 ``--job`` is the resolved job settings (see :func:`methods.core.config.resolve_job`)
 as a JSON string or ``@file.json``; the rules pass it so that every result
@@ -116,6 +117,42 @@ def cmd_bank(args) -> None:
     print(f"[bank] {job['domain']} seed {args.seed}: {len(bank)} trajectories from {rollouts} warm-start rollouts; wrote {out / 'bank.pt'} and {out / 'bank.json'}", file=sys.stderr)
 
 
+def cmd_coldstart(args) -> None:
+    """LOPD's cold start: train the composer (LoRA + Q-Former) on the warm start's own successes (the seeded bank)."""
+    from dataclasses import asdict
+
+    from methods.core.policy import load_policy
+    from methods.core.provenance import provenance, write_json_atomic
+    from methods.core.registry import get_method, make_config
+    from methods.core.tokenizer import ChatEncoder
+    from methods.experience import BankConfig, ExperienceBank
+    from methods.experience.encoder import TextEncoder
+    from methods.lopd.coldstart import cold_start
+    from methods.lopd.method import build_composer
+    from tasks.base import get_domain
+
+    job = _job(args.job)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cls = get_method(job["method"])
+    cfg = make_config(cls.Config, job["method_config"], f"methods.{job.get('run_name', job['method'])}")
+    domain = get_domain(job["domain"], seed=job["task_seed"], **job["domain_options"])
+    backbone, tokenizer = load_policy(Path(args.warmstart) / "model", device=args.device)
+    encoder = ChatEncoder(tokenizer)
+    composer = build_composer(cfg, backbone, encoder, args.seed).to(args.device)
+    bank = ExperienceBank(make_config(BankConfig, job["bank"], "bank"), TextEncoder(device=args.device)).load(args.bank)
+    report = cold_start(cfg, composer, bank, domain, args.seed, device=args.device)
+    tmp = out / "composer.pt.tmp"
+    torch.save({"phi": {k: v.detach().cpu() for k, v in composer.trainable_state().items()}, "config": asdict(cfg), "report": report}, tmp)
+    tmp.replace(out / "composer.pt")
+    report.update({"domain": job["domain"], "domain_version": domain.version, "seed": args.seed, "cold_start_key": cfg.cold_start_key(), "job": job, **provenance()})
+    write_json_atomic(out / "coldstart.json", report)
+    domain.close()
+    b, a = report["before"], report["after"]
+    print(f"[coldstart] {job['domain']} seed {args.seed}: {report['train_examples']} training / {report['heldout_examples']} held-out successes; "
+          f"latent gain {b['latent_gain']:+.4f} -> {a['latent_gain']:+.4f} nats/token (text context {a['text_gain']:+.4f}); wrote {out / 'composer.pt'}", file=sys.stderr)
+
+
 def cmd_train(args) -> None:
     from methods.core.registry import make_config
     from methods.core.ledger import Ledger
@@ -154,13 +191,18 @@ def cmd_train(args) -> None:
                 raise SystemExit(f"method {job['method']}: bank.seed_tasks is {job['bank']['seed_tasks']}, so a seeded bank is required (--bank); got {args.bank!r}. Run `python -m methods.cli bank` first.")
             run.extra["bank_path"] = args.bank
             run.ledger.pre_rollouts = json.loads(Path(args.bank).with_name("bank.json").read_text())["seed_rollouts"]
+    if getattr(cls, "needs_cold_start", False):
+        if not args.composer or not Path(args.composer).exists():
+            raise SystemExit(f"method {job['method']} starts from a cold-started composer (--composer composer.pt); got {args.composer!r}. Run `python -m methods.cli coldstart` first.")
+        run.extra["composer_path"] = args.composer
     method = cls(method_cfg, run)
-    label = f"{job['method']} {job['domain']} s{args.seed}"
+    name = job.get("run_name", job["method"])
+    label = f"{name} {job['domain']} s{args.seed}"
     final = train(method, run, out, label=label, fingerprint=_fingerprint(job, args))
     summary = {
         "domain": job["domain"],
         "domain_version": domain.version,
-        "method": job["method"],
+        "method": name,
         "seed": args.seed,
         "final": final,
         "ledger": run.ledger.snapshot(),
@@ -187,7 +229,12 @@ def main(argv=None) -> None:
     tr = sub.add_parser("train", parents=[common], help="train one method on one domain and seed")
     tr.add_argument("--warmstart", required=True, help="warm start directory (holds model/)")
     tr.add_argument("--bank", default=None, help="seeded experience bank (bank.pt) for methods that read one")
+    tr.add_argument("--composer", default=None, help="cold-started composer (composer.pt) for LOPD and its variants")
     tr.set_defaults(fn=cmd_train)
+    cs = sub.add_parser("coldstart", parents=[common], help="LOPD: cold-start the composer on the warm start's own successes")
+    cs.add_argument("--warmstart", required=True, help="warm start directory (holds model/)")
+    cs.add_argument("--bank", required=True, help="seeded experience bank (bank.pt)")
+    cs.set_defaults(fn=cmd_coldstart)
     bk = sub.add_parser("bank", parents=[common], help="seed an experience bank with the warm start's successes on training tasks")
     bk.add_argument("--warmstart", required=True, help="warm start directory (holds model/)")
     bk.set_defaults(fn=cmd_bank)

@@ -4,7 +4,7 @@ import shlex
 import sys
 
 sys.path.insert(0, workflow.basedir)
-from methods.core.config import bank_job, profile_section, resolve_job, uses_bank, validate as validate_grid
+from methods.core.config import bank_job, cold_start_key, cold_start_runs, profile_section, resolve_job, uses_bank, validate as validate_grid
 
 validate_grid(config)  # every job's settings, before any job starts
 
@@ -12,8 +12,21 @@ PROFILE = config["profile"]
 SEEDS = profile_section(config)["seeds"]
 DOMAINS = list(config["domains"])
 METHODS = list(config["methods"])
+ABLATIONS = list(config.get("ablations") or {})
+ABLATION_DOMAINS = list(config.get("ablation_domains") or DOMAINS)
 OUT = f"results/{PROFILE}"
 
 
 def job_json(domain, method=None):
     return shlex.quote(json.dumps(resolve_job(config, domain, method), sort_keys=True))
+
+
+def coldstart_path(domain, method, seed):
+    """The cold-started composer a run starts from ([] for methods without one)."""
+    key = cold_start_key(config, domain, method)
+    return [f"{OUT}/coldstart/{domain}/{key}/seed{seed}/composer.pt"] if key else []
+
+
+def coldstart_job(domain, key):
+    """Any run sharing cold start ``key`` has the same cold-start settings (checked by validate_grid)."""
+    return job_json(domain, cold_start_runs(config, domain)[key][0])

@@ -1,8 +1,9 @@
 rule train:
-    """One method on one domain and seed, from that seed's warm start (resumes from its checkpoint)."""
+    """One method (or ablation variant) on one domain and seed, from that seed's warm start (resumes from its checkpoint)."""
     input:
         ws=f"{OUT}/warmstart/{{domain}}/seed{{seed}}/eval.json",
-        bank=lambda w: [f"{OUT}/bank/{w.domain}/seed{w.seed}/bank.pt"] if uses_bank(w.method) else [],
+        bank=lambda w: [f"{OUT}/bank/{w.domain}/seed{w.seed}/bank.pt"] if uses_bank(config, w.method) else [],
+        composer=lambda w: coldstart_path(w.domain, w.method, w.seed),
     output:
         f"{OUT}/runs/{{domain}}/{{method}}/seed{{seed}}/summary.json",
     log:
@@ -11,7 +12,8 @@ rule train:
         job=lambda w: job_json(w.domain, w.method),
         ws=lambda w: f"{OUT}/warmstart/{w.domain}/seed{w.seed}",
         out=lambda w: f"{OUT}/runs/{w.domain}/{w.method}/seed{w.seed}",
-        bank=lambda w: f"--bank {OUT}/bank/{w.domain}/seed{w.seed}/bank.pt" if uses_bank(w.method) else "",
+        bank=lambda w: f"--bank {OUT}/bank/{w.domain}/seed{w.seed}/bank.pt" if uses_bank(config, w.method) else "",
+        composer=lambda w: " ".join(f"--composer {p}" for p in coldstart_path(w.domain, w.method, w.seed)),
     wildcard_constraints:
         seed=r"\d+",
     threads: 1
@@ -19,4 +21,4 @@ rule train:
         "../envs/suite.yaml"
     shell:
         "python -m methods.cli train --job {params.job} --seed {wildcards.seed} "
-        "--warmstart {params.ws} {params.bank} --out {params.out} --threads {threads} > {log} 2>&1"
+        "--warmstart {params.ws} {params.bank} {params.composer} --out {params.out} --threads {threads} > {log} 2>&1"

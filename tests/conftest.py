@@ -87,3 +87,23 @@ def varied_reward_domain(inner):
             inner.close()
 
     return Varied(seed=inner.seed, **inner.options)
+
+
+@pytest.fixture(scope="session")
+def seeded_banks(tmp_path_factory):
+    """{domain: Path} of experience banks seeded with the scripted expert's trajectories of 40
+    training tasks (what the ``bank`` rule does with the warm start's own successes)."""
+    from methods.experience import BankConfig, ExperienceBank
+    from methods.experience.encoder import TextEncoder
+    from tasks.base import get_domain
+
+    out = {}
+    for name in DOMAINS:
+        d = get_domain(name, seed=0)
+        bank = ExperienceBank(BankConfig(), TextEncoder())
+        tasks = d.tasks("train", 40)
+        bank.add([(t, d.expert_trajectory(t).turns, 1.0) for t in tasks], step=-1)
+        path = tmp_path_factory.mktemp(f"bank_{name}") / "bank.pt"
+        bank.save(path)
+        out[name] = path
+    return out

@@ -28,22 +28,24 @@ SHARED_TRAIN_KEYS = {"kind", "step", "rollouts", "rollout_budget", "tasks_seen",
 SHARED_EVAL_KEYS = {"kind", "step", "rollouts", "heldout_reward", "heldout_success", "heldout_episodes"}
 
 
-def _run(method_name, domain_name, ws_path: Path, out: Path, train_cfg=None):
+def _run(method_name, domain_name, ws_path: Path, out: Path, train_cfg=None, banks=None):
     _, _, default_train = tiny_configs()
     train_cfg = train_cfg or default_train
     cls = get_method(method_name)
     model, tok = load_policy(ws_path / "model")
     domain = varied_reward_domain(get_domain(domain_name, seed=0))
     run = RunContext(model=model, tokenizer=tok, encoder=ChatEncoder(tok), domain=domain, train_cfg=train_cfg, ledger=Ledger(train_cfg.rollout_budget), seed=0, device=torch.device("cpu"), warmstart_path=ws_path, out_dir=out)
+    if cls.uses_bank and banks is not None:  # as the pipeline does: a bank seeded before RL
+        run.extra["bank_path"] = banks[domain_name]
     method = cls(cls.Config(), run)
     return method, run
 
 
 @pytest.mark.parametrize("domain_name", DOMAINS)
 @pytest.mark.parametrize("method_name", known_methods())
-def test_two_steps_change_parameters_and_spend_the_budget(method_name, domain_name, warmstarts, tmp_path):
+def test_two_steps_change_parameters_and_spend_the_budget(method_name, domain_name, warmstarts, seeded_banks, tmp_path):
     ws_path, _ = warmstarts[domain_name]
-    method, run = _run(method_name, domain_name, ws_path, tmp_path)
+    method, run = _run(method_name, domain_name, ws_path, tmp_path, banks=seeded_banks)
     before = {k: v.clone() for k, v in run.model.state_dict().items()}
     final = train(method, run, tmp_path)
     assert run.ledger.rollouts == run.train_cfg.rollout_budget
@@ -68,12 +70,12 @@ class _Interrupt(Exception):
 
 
 def _strip_time(recs):
-    drop = {"wall_s", "rollout_s", "update_s", "eval_s", "retrieval_s", "bank_add_s"}  # wall-clock timings
+    drop = {"wall_s", "rollout_s", "update_s", "eval_s", "retrieval_s", "bank_add_s", "composer_s", "teacher_s", "composer_step_s", "lopd_retrieval_s"}  # wall-clock timings
     return [{k: v for k, v in r.items() if k not in drop} for r in recs]
 
 
 @pytest.mark.parametrize("method_name", known_methods())
-def test_resume_after_interruption_matches_uninterrupted_run(method_name, warmstarts, tmp_path):
+def test_resume_after_interruption_matches_uninterrupted_run(method_name, warmstarts, seeded_banks, tmp_path):
     domain_name = "tooluse"
     ws_path, _ = warmstarts[domain_name]
     from dataclasses import replace
@@ -81,11 +83,11 @@ def test_resume_after_interruption_matches_uninterrupted_run(method_name, warmst
     _, _, cfg = tiny_configs()
     cfg = replace(cfg, rollout_budget=24)
     # uninterrupted reference
-    m, run = _run(method_name, domain_name, ws_path, tmp_path / "ref", cfg)
+    m, run = _run(method_name, domain_name, ws_path, tmp_path / "ref", cfg, banks=seeded_banks)
     train(m, run, tmp_path / "ref")
     ref = [json.loads(x) for x in (tmp_path / "ref" / "metrics.jsonl").read_text().splitlines()]
     # killed during step 3 (after the step-2 checkpoint)
-    m, run = _run(method_name, domain_name, ws_path, tmp_path / "cut", cfg)
+    m, run = _run(method_name, domain_name, ws_path, tmp_path / "cut", cfg, banks=seeded_banks)
     orig = m.after_step
 
     def boom(batch):
@@ -97,7 +99,7 @@ def test_resume_after_interruption_matches_uninterrupted_run(method_name, warmst
     with pytest.raises(_Interrupt):
         train(m, run, tmp_path / "cut")
     assert (tmp_path / "cut" / "checkpoint.pt").exists()
-    m, run = _run(method_name, domain_name, ws_path, tmp_path / "cut", cfg)
+    m, run = _run(method_name, domain_name, ws_path, tmp_path / "cut", cfg, banks=seeded_banks)
     train(m, run, tmp_path / "cut")
     got = [json.loads(x) for x in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
     assert _strip_time(got) == _strip_time(ref)

@@ -5,6 +5,9 @@ any job starts and nothing is written) and the job entry points.  The YAML
 names a ``profile``; a profile sets the model, warm start and shared training
 settings, with optional per-domain overrides; ``methods`` lists every method
 of Table 1, one line each, with its own overrides of its config dataclass.
+``ablations`` lists config *variants* of a registered method (``method: lopd``
+plus overrides), run under their own names and reported in
+``results/ablations.csv``; a ``methods`` entry may name ``method:`` too.
 """
 
 from __future__ import annotations
@@ -54,18 +57,54 @@ def resolve_job(config: dict[str, Any], domain: str, method: str | None = None) 
         "train": asdict(make_config(TrainConfig, prof.get("train"), "train")),
     }
     if method is not None:
-        methods = config.get("methods") or {}
-        if method not in methods:
-            raise unknown_name("method", method, methods)
-        cls = get_method(method)
-        over = _merge(methods.get(method) or {}, (prof.get("method_overrides") or {}).get(method, {}))
-        out["method"] = method
-        mcfg = make_config(cls.Config, over, f"methods.{method}")
+        entries = run_entries(config)
+        if method not in entries:
+            raise unknown_name("method", method, entries)
+        where, entry = entries[method]
+        entry = dict(entry or {})
+        base = entry.pop("method", method)
+        cls = get_method(base)
+        # profile overrides of the registered method apply to its variants too, then the variant's own
+        over = _merge((prof.get("method_overrides") or {}).get(base, {}), entry)
+        if base != method:
+            over = _merge(over, (prof.get("method_overrides") or {}).get(method, {}))
+        out["method"] = base
+        if base != method:
+            out["run_name"] = method  # a variant runs (and is reported) under its own name
+        mcfg = make_config(cls.Config, over, f"{where}.{method}")
         out["method_config"] = asdict(mcfg)
-        check_budget(out["train"], mcfg.group_size, where=f"methods.{method}")
+        check_budget(out["train"], mcfg.group_size, where=f"{where}.{method}")
         if cls.uses_bank:
             out["bank"] = bank_settings(prof)
     return out
+
+
+def run_entries(config: dict[str, Any]) -> dict[str, tuple[str, dict | None]]:
+    """Every runnable name -> (section, entry): Table 1's ``methods`` and the ``ablations`` variants."""
+    out = {m: ("methods", e) for m, e in (config.get("methods") or {}).items()}
+    for m, e in (config.get("ablations") or {}).items():
+        if m in out:
+            raise ValueError(f"ablations.{m}: the name is already a method of Table 1")
+        if not isinstance(e, dict) or "method" not in e:
+            raise ValueError(f"ablations.{m} must name the method it varies (method: <name>) plus overrides, got {e!r}")
+        out[m] = ("ablations", e)
+    return out
+
+
+def method_class(config: dict[str, Any], name: str):
+    """The registered class behind a run name (a Table 1 method or an ablation variant)."""
+    entries = run_entries(config)
+    if name not in entries:
+        raise unknown_name("method", name, entries)
+    return get_method((entries[name][1] or {}).get("method", name))
+
+
+def cold_start_key(config: dict[str, Any], domain: str, name: str) -> str | None:
+    """For methods that cold-start (LOPD), the key of the cold start this run needs; else None."""
+    cls = method_class(config, name)
+    if not getattr(cls, "needs_cold_start", False):
+        return None
+    return make_config(cls.Config, resolve_job(config, domain, name)["method_config"], name).cold_start_key()
 
 
 def bank_settings(prof: dict[str, Any]) -> dict[str, Any]:
@@ -75,8 +114,32 @@ def bank_settings(prof: dict[str, Any]) -> dict[str, Any]:
     return asdict(make_config(BankConfig, prof.get("bank"), "bank"))
 
 
-def uses_bank(method: str) -> bool:
-    return get_method(method).uses_bank
+COLD_START_FIELDS = ("n_latents", "n_retrieve", "fill_missing", "qformer_layers", "qformer_heads", "lora_r", "lora_alpha", "max_item_tokens", "allow_self_retrieval", "cold_start_steps", "cold_start_lr", "cold_start_batch", "cold_start_holdout")
+
+
+def cold_start_runs(config: dict[str, Any], domain: str) -> dict[str, list[str]]:
+    """Cold-start key -> the run names that share that cold start (on ``domain``).
+
+    Raises if two runs share a key but differ in a setting the cold start depends on."""
+    groups: dict[str, list[str]] = {}
+    seen: dict[str, dict] = {}
+    for name in run_entries(config):
+        key = cold_start_key(config, domain, name)
+        if key is None:
+            continue
+        mc = resolve_job(config, domain, name)["method_config"]
+        fields = {f: mc.get(f) for f in COLD_START_FIELDS}
+        if key in seen and seen[key] != fields:
+            other = groups[key][0]
+            diff = sorted(f for f in fields if fields[f] != seen[key][f])
+            raise ValueError(f"{name} and {other} share cold start {key} on {domain} but differ in {diff}; give them the same cold-start settings")
+        seen.setdefault(key, fields)
+        groups.setdefault(key, []).append(name)
+    return groups
+
+
+def uses_bank(config: dict[str, Any], name: str) -> bool:
+    return method_class(config, name).uses_bank
 
 
 def bank_job(config: dict[str, Any], domain: str) -> dict[str, Any]:
@@ -100,13 +163,19 @@ def validate(config: dict[str, Any]) -> None:
     from .registry import known_methods
 
     prof = profile_section(config)
-    for m in config.get("methods") or {}:
-        if m not in known_methods():
-            raise unknown_name("method", m, known_methods())
+    entries = run_entries(config)
+    for m, (_, e) in entries.items():
+        base = (e or {}).get("method", m)
+        if base not in known_methods():
+            raise unknown_name("method", base, known_methods())
+    for d in config.get("ablation_domains") or []:
+        if d not in config.get("domains", []):
+            raise ValueError(f"ablation_domains: {d!r} is not one of domains {config.get('domains')}")
     seeds = prof.get("seeds", [])
     if not seeds or any((not isinstance(s, int)) or s < 0 for s in seeds):
         raise ValueError(f"profiles.{config.get('profile')}.seeds must be a non-empty list of non-negative integers, got {seeds}")
     for d in config.get("domains", []):
         resolve_job(config, d)
-        for m in config.get("methods") or {}:
+        for m in entries:
             resolve_job(config, d, m)
+        cold_start_runs(config, d)

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MethodConfig", "Method", "register_method", "get_method", "known_methods", "make_config"]
 
-BUILTIN_METHOD_MODULES = ("methods.grpo", "methods.retrieval_rl", "methods.opsd", "methods.sdft", "methods.sdpo", "methods.skill_sd")
+BUILTIN_METHOD_MODULES = ("methods.grpo", "methods.retrieval_rl", "methods.opsd", "methods.sdft", "methods.sdpo", "methods.skill_sd", "methods.lopd")
 
 
 @dataclasses.dataclass

@@ -66,6 +66,7 @@ class Experience:
     trace: str  # compact action -> result trace (format_trace without the task)
     reward: float
     step: int  # training step that produced it (-1: the bank's seed)
+    turns: tuple[tuple[str, str | None], ...] = ()  # the raw (action, observation) pairs (LOPD's cold start re-reads them token by token)
 
     def document(self) -> str:
         """Task + trajectory: what is embedded on the document side (the paper's version) and what a
@@ -96,7 +97,7 @@ class ExperienceBank:
         if self._per_task.get(task.task_id, 0) >= self.cfg.max_per_task:
             self.rejected["task_full"] += 1
             return None
-        return Experience(task.task_id, task.template_id, task.group_id, task.prompt, format_trace(task, turns, with_task=False), float(reward), step)
+        return Experience(task.task_id, task.template_id, task.group_id, task.prompt, format_trace(task, turns, with_task=False), float(reward), step, tuple((t.action, t.observation) for t in turns))
 
     def add(self, items: Sequence[tuple[Task, Sequence[Turn], float]], step: int) -> int:
         """Add the qualifying (task, turns, reward) trajectories; returns how many entered."""
@@ -150,7 +151,7 @@ class ExperienceBank:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        items = [Experience(**e) for e in state["items"]]
+        items = [Experience(**{**e, "turns": tuple(tuple(t) for t in e.get("turns", ()))}) for e in state["items"]]
         vectors = state["vectors"].numpy()
         if len(items) != len(vectors):
             raise ValueError(f"corrupt bank state: {len(items)} items but {len(vectors)} vectors")

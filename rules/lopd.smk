@@ -1,0 +1,40 @@
+rule coldstart:
+    """LOPD: cold-start the composer (LoRA + Q-Former) on the warm start's own successes (cached per domain, seed and K/J)."""
+    input:
+        ws=f"{OUT}/warmstart/{{domain}}/seed{{seed}}/eval.json",
+        bank=f"{OUT}/bank/{{domain}}/seed{{seed}}/bank.pt",
+    output:
+        composer=f"{OUT}/coldstart/{{domain}}/{{key}}/seed{{seed}}/composer.pt",
+        report=f"{OUT}/coldstart/{{domain}}/{{key}}/seed{{seed}}/coldstart.json",
+    log:
+        f"{OUT}/logs/coldstart/{{domain}}/{{key}}/seed{{seed}}.log",
+    params:
+        job=lambda w: coldstart_job(w.domain, w.key),
+        ws=lambda w: f"{OUT}/warmstart/{w.domain}/seed{w.seed}",
+        out=lambda w: f"{OUT}/coldstart/{w.domain}/{w.key}/seed{w.seed}",
+    wildcard_constraints:
+        seed=r"\d+",
+    threads: 1
+    conda:
+        "../envs/suite.yaml"
+    shell:
+        "python -m methods.cli coldstart --job {params.job} --seed {wildcards.seed} "
+        "--warmstart {params.ws} --bank {input.bank} --out {params.out} --threads {threads} > {log} 2>&1"
+
+
+rule ablations:
+    """The paper's LOPD ablations (config/config.yaml, ablations:) beside LOPD itself, same long format as Table 1."""
+    input:
+        runs=expand(f"{OUT}/runs/{{domain}}/{{method}}/seed{{seed}}/summary.json", domain=ABLATION_DOMAINS, method=["lopd"] + ABLATIONS, seed=SEEDS),
+    output:
+        csv="results/ablations.csv",
+        md="results/ablations.md",
+        curves="results/ablation_curves.csv",
+    log:
+        "results/logs/ablations.log",
+    threads: 1
+    conda:
+        "../envs/suite.yaml"
+    shell:
+        "python -m analysis.table1 --runs {input.runs} --title 'LOPD ablations' "
+        "--out-csv {output.csv} --out-md {output.md} --out-curves {output.curves} > {log} 2>&1"

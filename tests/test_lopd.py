@@ -1,0 +1,264 @@
+"""LOPD: the privileged-margin math (property tests), the composer and the latent-conditioned
+teacher (shapes, injection, gradients), retrieval shortfalls, bad configs and the cold start."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from methods.lopd.margin import anchor_penalty, composer_objective, dual_update, privileged_margin, rollout_means, token_delta
+from methods.lopd.method import LOPDConfig, fill
+
+# --------------------------------------------------------------------------- margin (pure)
+
+floats = st.floats(-5, 5, allow_nan=False)
+
+
+@given(beta=st.floats(0, 10), margin=floats, target=st.floats(0, 1), lr=st.floats(0.01, 2))
+def test_dual_step_rises_below_the_target_and_never_goes_negative(beta, margin, target, lr):
+    new = dual_update(beta, margin, target, lr)
+    assert new >= 0
+    if target - margin > 1e-6:  # (a gap below float resolution at beta's scale cannot move it)
+        assert new > beta
+    elif margin > target:
+        assert new <= beta
+
+
+@given(start=st.floats(0, 10), excess=st.floats(0.01, 1), lr=st.floats(0.05, 2))
+def test_beta_decays_to_zero_while_the_margin_holds(start, excess, lr):
+    beta = start
+    for _ in range(int(start / (excess * lr)) + 2):
+        beta = dual_update(beta, 0.05 + excess, 0.05, lr)
+    assert beta == 0.0
+
+
+@settings(max_examples=50)
+@given(counts=st.lists(st.integers(0, 6), min_size=1, max_size=6), data=st.data())
+def test_rollout_means_match_a_loop(counts, data):
+    vals = torch.tensor(data.draw(st.lists(floats, min_size=sum(counts), max_size=sum(counts))), dtype=torch.float64)
+    got = rollout_means(vals, counts)
+    pieces = torch.split(vals, counts)
+    want = torch.stack([p.mean() if len(p) else torch.tensor(0.0, dtype=torch.float64) for p in pieces])
+    torch.testing.assert_close(got, want)
+
+
+@settings(max_examples=50)
+@given(counts=st.lists(st.integers(1, 5), min_size=1, max_size=6), gap=st.floats(0.01, 3), data=st.data())
+def test_margin_sign_follows_the_outcome(counts, gap, data):
+    """A teacher that prefers the student's tokens (δ > 0) has a positive margin on successes
+    and a negative one on failures; A = 2r − 1 weighs partial rewards in between."""
+    delta = torch.full((sum(counts),), gap)
+    ones, zeros = torch.ones(len(counts)), torch.zeros(len(counts))
+    assert privileged_margin(delta, counts, ones) > 0
+    assert privileged_margin(delta, counts, zeros) < 0
+    assert privileged_margin(-delta, counts, ones) < 0
+    half = torch.full((len(counts),), 0.5)
+    assert abs(float(privileged_margin(delta, counts, half))) < 1e-6
+
+
+def test_a_collapsed_composer_has_zero_margin_and_a_growing_beta():
+    """Latents that carry no information leave the teacher where the student is: δ = 0, so
+    Δ = 0 whatever the rewards, and the dual step raises β by η·m every step."""
+    counts = [3, 5, 2, 4]
+    student = torch.randn(sum(counts))
+    delta = token_delta(student.clone().requires_grad_(), student)
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.25])
+    margin = privileged_margin(delta, counts, rewards)
+    assert float(margin.detach()) == 0.0
+    beta = 0.0
+    for step in range(1, 6):
+        beta = dual_update(beta, float(margin), 0.05, 0.5)
+        assert beta == pytest.approx(0.025 * step)
+
+
+def test_gradients_reach_the_teacher_and_the_latents_only():
+    t = torch.randn(7, requires_grad=True)
+    s = torch.randn(7, requires_grad=True)
+    privileged_margin(token_delta(t, s), [3, 4], torch.tensor([1.0, 0.0])).backward()
+    assert t.grad is not None and t.grad.abs().sum() > 0 and s.grad is None
+    lat = torch.randn(2, 4, 8, requires_grad=True)
+    anc = torch.randn(2, 4, 8, requires_grad=True)
+    anchor_penalty(lat, anc).backward()
+    assert lat.grad is not None and anc.grad is None
+    assert float(anchor_penalty(anc.detach(), anc.detach())) == 0.0
+
+
+def test_composer_objective_combines_the_terms():
+    kl, margin, anchor = torch.tensor(0.3), torch.tensor(0.01), torch.tensor(0.4)
+    got = composer_objective(kl, margin, beta=2.0, target=0.05, anchor=anchor, anchor_weight=0.2)
+    assert float(got) == pytest.approx(0.3 + 2.0 * (0.05 - 0.01) + 0.2 * 0.4)
+
+
+# --------------------------------------------------------------------------- config and retrieval shortfalls
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"teacher_source": "ema", "ema_rate": 0.1}, {"fill_missing": "pad"}, {"n_latents": 0}, {"n_retrieve": 0}, {"margin": -0.1}, {"composer_lr": 0.0}, {"topk": 0}, {"divergence": "kl"}],
+)
+def test_bad_lopd_config_is_rejected(bad):
+    with pytest.raises(ValueError):
+        LOPDConfig(**bad)
+
+
+def test_fewer_retrieved_than_j_is_handled_as_configured():
+    assert fill(["a"], 3, "shorter") == ["a"]
+    assert fill(["a", "b"], 3, "repeat") == ["a", "b", "a"]
+    assert fill([], 3, "repeat") == []
+    assert fill(["a", "b", "c", "d"], 3, "shorter") == ["a", "b", "c"]
+
+
+# --------------------------------------------------------------------------- composer and teacher
+
+
+@pytest.fixture
+def lopd_run(warmstarts, seeded_banks, tmp_path):
+    from methods.core.ledger import Ledger
+    from methods.core.loop import RunContext
+    from methods.core.policy import load_policy
+    from methods.core.tokenizer import ChatEncoder
+    from tasks.base import get_domain
+
+    from .conftest import tiny_configs, varied_reward_domain
+
+    _, _, train_cfg = tiny_configs()
+    ws_path, _ = warmstarts["tooluse"]
+    model, tok = load_policy(ws_path / "model")
+    domain = varied_reward_domain(get_domain("tooluse", seed=0))
+    run = RunContext(model=model, tokenizer=tok, encoder=ChatEncoder(tok), domain=domain, train_cfg=train_cfg, ledger=Ledger(train_cfg.rollout_budget), seed=0, device=torch.device("cpu"), warmstart_path=ws_path, out_dir=tmp_path)
+    run.extra["bank_path"] = seeded_banks["tooluse"]
+    return run
+
+
+def _method(run, **over):
+    from methods.lopd import LOPD
+
+    return LOPD(LOPDConfig(**over), run)
+
+
+def _batch(run, n=6):
+    from methods.core.batch import collate
+    from methods.core.rollout import run_episodes
+
+    tasks = run.domain.tasks("train", 200)[100 : 100 + n]
+    g = torch.Generator().manual_seed(0)
+    rollouts = run_episodes(run.model, run.encoder, run.domain, tasks, [None] * n, run.train_cfg.sampling(), generator=g)
+    for r in rollouts[: n // 2]:  # make half of them successes, so every term of the composer loss is live
+        r.reward = 1.0
+    return collate(rollouts, list(range(n)), run.encoder.pad_id)
+
+
+@pytest.mark.parametrize("K,J", [(8, 3), (4, 1)])
+def test_latents_have_j_times_k_rows_of_the_backbone_width(lopd_run, K, J):
+    m = _method(lopd_run, n_latents=K, n_retrieve=J)
+    tasks = lopd_run.domain.tasks("train", 200)[100:103]
+    hits = m.retrieve(tasks)
+    assert all(len(h) == J for h in hits)
+    per_task, lat, anchor = m.compose(tasks, hits)
+    d = lopd_run.model.config.hidden_size
+    assert [tuple(x.shape) for x in per_task] == [(J * K, d)] * 3
+    assert lat.shape == anchor.shape == (3 * J, K, d)
+    torch.testing.assert_close(lat, anchor)  # before any composer step, c_φ = c_φ0
+
+
+def test_the_latents_replace_exactly_the_placeholder_span(lopd_run):
+    m = _method(lopd_run, n_latents=4, n_retrieve=1)
+    comp = m.composer
+    task = lopd_run.domain.tasks("train", 1)[0]
+    tail = lopd_run.encoder.encode("> call") + [comp.latent_id]  # a sampled placeholder id is just a token
+    ids, mask, start = comp.teacher_sequence(lopd_run.domain, task, 4, tail, [1] * len(tail))
+    assert ids[start : start + 4] == [comp.latent_id] * 4 and ids[start - 1] != comp.latent_id
+    x = torch.tensor([ids])
+    attn = torch.ones_like(x)
+    m_t = torch.tensor([mask[1:]], dtype=torch.float32)
+    d = lopd_run.model.config.hidden_size
+    lat_a, lat_b = torch.randn(4, d), torch.randn(4, d)
+    a = comp.teacher_logits(x, attn, m_t, [lat_a], [start])
+    b = comp.teacher_logits(x, attn, m_t, [lat_b], [start])
+    assert not torch.allclose(a, b)  # the teacher reads the latents
+    emb = comp.backbone.get_input_embeddings()(x).clone()
+    emb[0, start : start + 4] = lat_a
+    with torch.no_grad(), comp.model.disable_adapter():
+        ref = comp.backbone(inputs_embeds=emb, attention_mask=attn).logits[0, :-1][m_t[0].bool()]
+    torch.testing.assert_close(a, ref, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError):
+        comp.teacher_logits(x, attn, m_t, [lat_a], [start + 1])
+
+
+def test_a_composer_step_moves_phi_only(lopd_run):
+    """After prepare -> student step -> composer step: LoRA and Q-Former changed, the teacher's
+    backbone is bit-identical, and the composer loss never touched the student."""
+    m = _method(lopd_run, n_latents=4, composer_lr=1e-2, beta_init=1.0)
+    batch = _batch(lopd_run)
+    backbone = {k: v.clone() for k, v in m.composer.backbone.state_dict().items() if "lora_" not in k}
+    phi = {k: v.detach().clone() for k, v in m.composer.trainable_state().items()}
+    student = {k: v.clone() for k, v in lopd_run.model.state_dict().items()}
+    batch.extras["old_logp"] = batch.sample_logp
+    logs = m.prepare(batch)
+    assert logs["signal_share"] > 0 and "lopd_margin" in logs
+    for p in lopd_run.model.parameters():
+        p.grad = None
+    out = m.after_step(batch)
+    assert out["lopd_composer_loss"] == out["lopd_composer_loss"]  # finite
+    assert all(p.grad is None for p in lopd_run.model.parameters())  # the composer loss never reached the student
+    assert all(torch.equal(v, student[k]) for k, v in lopd_run.model.state_dict().items())
+    now = m.composer.trainable_state()
+    lora = [k for k in phi if "lora_" in k]
+    qf = [k for k in phi if k.startswith("qformer.")]
+    assert lora and qf
+    assert any(not torch.equal(now[k], phi[k]) for k in lora), "no LoRA parameter moved"
+    assert any(not torch.equal(now[k], phi[k]) for k in qf), "no Q-Former parameter moved"
+    after = {k: v for k, v in m.composer.backbone.state_dict().items() if "lora_" not in k}
+    assert set(after) == set(backbone) and all(torch.equal(after[k], backbone[k]) for k in backbone)
+    assert out["lopd_beta"] == pytest.approx(max(0.0, 1.0 + 0.5 * (0.05 - logs["lopd_margin"])))
+
+
+def test_frozen_composer_keeps_phi0(lopd_run):
+    m = _method(lopd_run, n_latents=4, train_composer=False)
+    phi = {k: v.detach().clone() for k, v in m.composer.trainable_state().items()}
+    batch = _batch(lopd_run)
+    batch.extras["old_logp"] = batch.sample_logp
+    m.prepare(batch)
+    out = m.after_step(batch)
+    assert "lopd_composer_loss" not in out and out["lopd_beta"] == 0.0
+    assert all(torch.equal(v, phi[k]) for k, v in m.composer.trainable_state().items())
+
+
+def test_nothing_retrieved_means_no_signal_not_a_crash(lopd_run):
+    lopd_run.extra.pop("bank_path")  # an empty bank
+    m = _method(lopd_run, n_latents=4)
+    batch = _batch(lopd_run)
+    batch.extras["old_logp"] = batch.sample_logp
+    logs = m.prepare(batch)
+    assert logs["signal_share"] == 0.0 and len(m.trainable_rows(batch)) == 0
+    m.after_step(batch)
+
+
+def test_state_dict_restores_phi_beta_and_bank(lopd_run):
+    m = _method(lopd_run, n_latents=4, composer_lr=1e-2, beta_init=0.3)
+    batch = _batch(lopd_run)
+    batch.extras["old_logp"] = batch.sample_logp
+    m.prepare(batch)
+    m.after_step(batch)
+    state = m.state_dict()
+    fresh = _method(lopd_run, n_latents=4, composer_lr=1e-2)
+    fresh.load_state_dict(state)
+    assert fresh.beta == m.beta and len(fresh.bank) == len(m.bank)
+    assert all(torch.equal(v, m.composer.trainable_state()[k]) for k, v in fresh.composer.trainable_state().items())
+
+
+def test_cold_start_lowers_the_nll_of_its_training_successes(lopd_run, seeded_banks):
+    from methods.experience import BankConfig, ExperienceBank
+    from methods.experience.encoder import TextEncoder
+    from methods.lopd.coldstart import cold_start
+    from tasks.base import get_domain
+
+    m = _method(lopd_run, n_latents=4)
+    bank = ExperienceBank(BankConfig(), TextEncoder()).load(seeded_banks["tooluse"])
+    cfg = LOPDConfig(n_latents=4, cold_start_steps=12, cold_start_lr=1e-2, cold_start_batch=8)
+    rep = cold_start(cfg, m.composer, bank, get_domain("tooluse", seed=0), seed=0, log=lambda _: None)
+    assert rep["examples"] == 40 and rep["heldout_examples"] == 8 and rep["steps"] == 12
+    assert rep["train_logprob_after"] > rep["train_logprob_before"]
+    assert set(rep["after"]) >= {"latent_gain", "text_gain"}

@@ -38,3 +38,22 @@ rule ablations:
     shell:
         "python -m analysis.table1 --runs {input.runs} --title 'LOPD ablations' "
         "--out-csv {output.csv} --out-md {output.md} --out-curves {output.curves} > {log} 2>&1"
+
+
+rule lopd_dynamics:
+    """β, Δ, the composer's KL and the anchor over training, for LOPD and its variants (CSV + figure)."""
+    input:
+        runs=expand(f"{OUT}/runs/{{domain}}/lopd/seed{{seed}}/summary.json", domain=DOMAINS, seed=SEEDS)
+        + expand(f"{OUT}/runs/{{domain}}/{{method}}/seed{{seed}}/summary.json", domain=ABLATION_DOMAINS, method=ABLATIONS, seed=SEEDS),
+    output:
+        csv="results/lopd_dynamics.csv",
+        png="results/lopd_dynamics.png",
+    log:
+        "results/logs/lopd_dynamics.log",
+    params:
+        metrics=lambda w, input: " ".join(p.replace("summary.json", "metrics.jsonl") for p in input.runs),
+    threads: 1
+    conda:
+        "../envs/suite.yaml"
+    shell:
+        "python -m analysis.lopd_dynamics --runs {params.metrics} --out-csv {output.csv} --out-png {output.png} > {log} 2>&1"

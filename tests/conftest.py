@@ -25,7 +25,7 @@ def tiny_configs():
 
     model = ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
     ws = WarmStartConfig(vocab_size=400, n_demos=120, steps=4, batch_size=8, lr=3e-3, warmup_steps=1, likelihood_tasks=8)
-    train = TrainConfig(rollout_budget=16, rollouts_per_step=8, eval_every=8, eval_episodes=6, ppo_epochs=1, minibatch_rollouts=8, checkpoint_every=1, max_new_tokens=16, max_seq_len=512)
+    train = TrainConfig(rollout_budget=16, rollouts_per_step=8, eval_every=8, eval_episodes=6, ppo_epochs=1, minibatch_rollouts=8, checkpoint_every=1, max_new_tokens=16, max_seq_len=1024)  # 1024: room for three retrieved trajectories in a prompt
     return model, ws, train
 
 

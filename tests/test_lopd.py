@@ -233,7 +233,8 @@ def test_nothing_retrieved_means_no_signal_not_a_crash(lopd_run):
     batch.extras["old_logp"] = batch.sample_logp
     logs = m.prepare(batch)
     assert logs["signal_share"] == 0.0 and len(m.trainable_rows(batch)) == 0
-    m.after_step(batch)
+    assert all(logs[k] is None for k in ("lopd_margin", "lopd_kl", "lopd_anchor"))  # fixed names, null values
+    assert m.after_step(batch)["lopd_beta"] == 0.0
 
 
 def test_state_dict_restores_phi_beta_and_bank(lopd_run):
@@ -262,3 +263,45 @@ def test_cold_start_lowers_the_nll_of_its_training_successes(lopd_run, seeded_ba
     assert rep["examples"] == 40 and rep["heldout_examples"] == 8 and rep["steps"] == 12
     assert rep["train_logprob_after"] > rep["train_logprob_before"]
     assert set(rep["after"]) >= {"latent_gain", "text_gain"}
+
+
+# --------------------------------------------------------------------------- variants in the config
+
+
+def _config(**extra):
+    from pathlib import Path
+
+    import yaml
+
+    cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / "config.yaml").read_text())
+    cfg.update(extra)
+    return cfg
+
+
+def test_ablation_variants_resolve_to_the_one_module_with_their_overrides():
+    from methods.core.config import cold_start_runs, resolve_job
+
+    cfg = _config()
+    job = resolve_job(cfg, "tooluse", "lopd_m0")
+    assert job["method"] == "lopd" and job["run_name"] == "lopd_m0" and job["method_config"]["margin"] == 0.0
+    assert job["method_config"]["composer_lr"] == resolve_job(cfg, "tooluse", "lopd")["method_config"]["composer_lr"]  # profile overrides reach variants
+    assert "run_name" not in resolve_job(cfg, "tooluse", "grpo")  # Table 1's methods keep their job settings
+    groups = cold_start_runs(cfg, "tooluse")
+    assert set(groups["K32_J3"]) == {"lopd", "lopd_frozen", "lopd_m0", "lopd_m010"}
+
+
+@pytest.mark.parametrize(
+    "ablations, message",
+    [
+        ({"x": {"margin": 0.1}}, "must name the method"),
+        ({"grpo": {"method": "lopd"}}, "already a method"),
+        ({"x": {"method": "nope"}}, "nope"),
+        ({"x": {"method": "lopd", "cold_start_steps": 7}}, "share cold start"),
+        ({"x": {"method": "lopd", "margin": -1}}, "margin"),
+    ],
+)
+def test_bad_ablation_entries_fail_validation(ablations, message):
+    from methods.core.config import validate
+
+    with pytest.raises((ValueError, KeyError), match=message):
+        validate(_config(ablations=ablations))

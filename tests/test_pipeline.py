@@ -36,7 +36,7 @@ def test_smoke_pipeline_writes_table1(tmp_path):
     _copy_repo(tmp_path)
     lint = _snakemake(tmp_path, "--lint", "--config", "profile=smoke")
     assert lint.returncode == 0, lint.stdout + lint.stderr
-    res = _snakemake(tmp_path, "results/table1.csv", "--config", "profile=smoke")
+    res = _snakemake(tmp_path, "results/table1.csv", "results/ablations.csv", "results/lopd_dynamics.png", "--config", "profile=smoke")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
     df = pd.read_csv(tmp_path / "results" / "table1.csv")
     assert set(df.domain) == {"tooluse", "code"}
@@ -48,8 +48,16 @@ def test_smoke_pipeline_writes_table1(tmp_path):
     assert (tmp_path / "results" / "table1.md").exists()
     summary = tmp_path / "results" / "smoke" / "runs" / "code" / "grpo" / "seed0" / "summary.json"
     assert summary.exists()
+    # LOPD's ablations: every variant (and LOPD itself) on the ablation domains, cold starts shared by K and J
+    cfg = yaml.safe_load((tmp_path / "config" / "config.yaml").read_text())
+    ab = pd.read_csv(tmp_path / "results" / "ablations.csv")
+    assert set(ab.method) == {"lopd"} | set(cfg["ablations"]) and set(ab.domain) == set(cfg["ablation_domains"])
+    cold = {p.parent.parent.name for p in (tmp_path / "results" / "smoke" / "coldstart" / "tooluse").glob("*/seed0/composer.pt")}
+    assert cold == {"K32_J3", "K8_J3", "K16_J3", "K32_J1"}
+    dyn = pd.read_csv(tmp_path / "results" / "lopd_dynamics.csv")
+    assert {"lopd_beta", "lopd_margin", "lopd_kl", "lopd_anchor"} <= set(dyn.metric)
     # a second invocation has nothing to do
-    again = _snakemake(tmp_path, "results/table1.csv", "--config", "profile=smoke", "--dry-run")
+    again = _snakemake(tmp_path, "results/table1.csv", "results/ablations.csv", "--config", "profile=smoke", "--dry-run")
     assert "Nothing to be done" in again.stdout + again.stderr
 
 

@@ -223,6 +223,8 @@ class LOPD(SelfDistillation):
         batch.extras["teacher_logits"] = [t.detach() if t is not None else None for t in teacher]
         batch.extras["has_signal"] = signal
         out["signal_share"] = float(signal.float().mean())
+        # fixed names every step: null where nothing was retrieved (no teacher, no margin)
+        out.update(dict.fromkeys(("lopd_margin", "lopd_kl", "lopd_anchor", "lopd_success_delta")))
         if self._pending is not None:
             out.update(self._margin_terms(batch))
         return out

@@ -6,8 +6,10 @@ next-token distribution with the teacher's on the same prefix
 (``../shared/design/methods.md``, "Divergence on student samples").  Inputs
 are logits ``[n, V]`` at the n agent-token positions (the packed layout of
 :func:`methods.core.batch.agent_token_logprobs`); outputs are the per-token
-divergence ``[n]``, to be averaged over tokens (:func:`token_mean`).  The
-teacher is always detached here, so gradients reach only the student.
+divergence ``[n]``, to be averaged over tokens (:func:`token_mean`).  By
+default the teacher is detached, so gradients reach only the student;
+``grad_to="teacher"`` detaches the student instead (LOPD's composer loss, whose
+gradient reaches the composer *through* the teacher).
 
 * :func:`forward_kl` -- KL(π_T ‖ π_S) over the vocabulary;
 * :func:`reverse_kl` -- KL(π_S ‖ π_T);
@@ -41,26 +43,39 @@ def _kl_from_logp(p_log: Tensor, q_log: Tensor) -> Tensor:
     return torch.where(p > 0, p * (p_log - q_log), torch.zeros_like(p)).sum(-1)
 
 
-def forward_kl(student_logits: Tensor, teacher_logits: Tensor) -> Tensor:
+GRAD_SIDES = ("student", "teacher")
+
+
+def _sides(student_logits: Tensor, teacher_logits: Tensor, grad_to: str) -> tuple[Tensor, Tensor]:
+    """Log-softmax of both sides, with the side that gets no gradient detached."""
+    if grad_to not in GRAD_SIDES:
+        raise ValueError(f"grad_to must be one of {GRAD_SIDES}, got {grad_to!r}")
+    s = student_logits.detach() if grad_to == "teacher" else student_logits
+    t = teacher_logits.detach() if grad_to == "student" else teacher_logits
+    return torch.log_softmax(s.float(), -1), torch.log_softmax(t.float(), -1)
+
+
+def forward_kl(student_logits: Tensor, teacher_logits: Tensor, grad_to: str = "student") -> Tensor:
     """KL(π_T ‖ π_S) per position: the teacher's mass the student misses (mode-covering)."""
-    return _kl_from_logp(torch.log_softmax(teacher_logits.detach().float(), -1), torch.log_softmax(student_logits.float(), -1))
+    s, t = _sides(student_logits, teacher_logits, grad_to)
+    return _kl_from_logp(t, s)
 
 
-def reverse_kl(student_logits: Tensor, teacher_logits: Tensor) -> Tensor:
+def reverse_kl(student_logits: Tensor, teacher_logits: Tensor, grad_to: str = "student") -> Tensor:
     """KL(π_S ‖ π_T) per position: the student's mass where the teacher has little (mode-seeking)."""
-    return _kl_from_logp(torch.log_softmax(student_logits.float(), -1), torch.log_softmax(teacher_logits.detach().float(), -1))
+    s, t = _sides(student_logits, teacher_logits, grad_to)
+    return _kl_from_logp(s, t)
 
 
-def jsd(student_logits: Tensor, teacher_logits: Tensor, beta: float = 0.5) -> Tensor:
+def jsd(student_logits: Tensor, teacher_logits: Tensor, beta: float = 0.5, grad_to: str = "student") -> Tensor:
     """Generalized JSD per position; β=0 is :func:`forward_kl`, β=1 :func:`reverse_kl`."""
     if not 0.0 <= beta <= 1.0:
         raise ValueError(f"jsd beta must be in [0, 1], got {beta}")
     if beta == 0.0:
-        return forward_kl(student_logits, teacher_logits)
+        return forward_kl(student_logits, teacher_logits, grad_to)
     if beta == 1.0:
-        return reverse_kl(student_logits, teacher_logits)
-    s = torch.log_softmax(student_logits.float(), -1)
-    t = torch.log_softmax(teacher_logits.detach().float(), -1)
+        return reverse_kl(student_logits, teacher_logits, grad_to)
+    s, t = _sides(student_logits, teacher_logits, grad_to)
     m = torch.logsumexp(torch.stack([s + torch.log1p(torch.tensor(-beta)), t + torch.log(torch.tensor(beta))]), dim=0)
     return beta * _kl_from_logp(t, m) + (1 - beta) * _kl_from_logp(s, m)
 
@@ -71,16 +86,15 @@ def _with_tail(topk_logp: Tensor) -> Tensor:
     return torch.cat([topk_logp, torch.log(-torch.expm1(lse))], dim=-1)
 
 
-def topk_tail(student_logits: Tensor, teacher_logits: Tensor, m: int = 20, support: str = "teacher", reverse: bool = True) -> Tensor:
+def topk_tail(student_logits: Tensor, teacher_logits: Tensor, m: int = 20, support: str = "teacher", reverse: bool = True, grad_to: str = "student") -> Tensor:
     """KL on M+1 bins: the top-M tokens of ``support`` ("teacher" or "student") and a tail bucket."""
     if support not in ("teacher", "student"):
         raise ValueError(f"topk_tail support must be 'teacher' or 'student', got {support!r}")
     if m < 1:
         raise ValueError(f"topk_tail needs m >= 1, got {m}")
-    s = torch.log_softmax(student_logits.float(), -1)
-    t = torch.log_softmax(teacher_logits.detach().float(), -1)
+    s, t = _sides(student_logits, teacher_logits, grad_to)
     k = min(m, s.shape[-1])
-    idx = torch.topk(t if support == "teacher" else s.detach(), k, dim=-1).indices
+    idx = torch.topk(t.detach() if support == "teacher" else s.detach(), k, dim=-1).indices
     s_bins, t_bins = _with_tail(s.gather(-1, idx)), _with_tail(t.gather(-1, idx))
     return _kl_from_logp(s_bins, t_bins) if reverse else _kl_from_logp(t_bins, s_bins)
 
@@ -112,14 +126,14 @@ def token_mean(per_token: Tensor, weights: Tensor | None = None) -> Tensor:
 DIVERGENCES = ("forward_kl", "reverse_kl", "jsd", "topk_tail")
 
 
-def divergence(name: str, student_logits: Tensor, teacher_logits: Tensor, *, beta: float = 0.5, m: int = 20, support: str = "teacher") -> Tensor:
+def divergence(name: str, student_logits: Tensor, teacher_logits: Tensor, *, beta: float = 0.5, m: int = 20, support: str = "teacher", grad_to: str = "student") -> Tensor:
     """Dispatch by config name (``forward_kl``, ``reverse_kl``, ``jsd``, ``topk_tail``)."""
     if name == "forward_kl":
-        return forward_kl(student_logits, teacher_logits)
+        return forward_kl(student_logits, teacher_logits, grad_to)
     if name == "reverse_kl":
-        return reverse_kl(student_logits, teacher_logits)
+        return reverse_kl(student_logits, teacher_logits, grad_to)
     if name == "jsd":
-        return jsd(student_logits, teacher_logits, beta)
+        return jsd(student_logits, teacher_logits, beta, grad_to)
     if name == "topk_tail":
-        return topk_tail(student_logits, teacher_logits, m, support)
+        return topk_tail(student_logits, teacher_logits, m, support, grad_to=grad_to)
     raise ValueError(f"unknown divergence {name!r}; known: {', '.join(DIVERGENCES)}")

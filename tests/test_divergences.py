@@ -110,3 +110,20 @@ def test_sampled_token_reverse_kl_matches_trl_sdpo_sampled_token_path():
     assert torch.allclose(sampled_token_reverse_kl(slp, tlp, None), ref, atol=1e-5)
     ref_is = apply_importance_sampling_clipping(ref, slp, old, 2.0)
     assert torch.allclose(sampled_token_reverse_kl(slp, tlp, old, 2.0), ref_is, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["forward_kl", "reverse_kl", "jsd", "topk_tail"])
+def test_grad_to_teacher_moves_the_gradient_to_the_teacher_side(name):
+    """LOPD's composer loss is the student's KL with its gradient taken on the teacher side."""
+    from methods.divergences import divergence
+
+    g = torch.Generator().manual_seed(0)
+    s = torch.randn(5, 30, generator=g, requires_grad=True)
+    t = torch.randn(5, 30, generator=g, requires_grad=True)
+    a = divergence(name, s, t, m=5)
+    b = divergence(name, s, t, m=5, grad_to="teacher")
+    torch.testing.assert_close(a, b)  # same value either way
+    b.sum().backward()
+    assert s.grad is None and t.grad is not None and t.grad.abs().sum() > 0
+    with pytest.raises(ValueError):
+        divergence(name, s, t, grad_to="both")

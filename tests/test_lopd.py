@@ -305,3 +305,16 @@ def test_bad_ablation_entries_fail_validation(ablations, message):
 
     with pytest.raises((ValueError, KeyError), match=message):
         validate(_config(ablations=ablations))
+
+
+def test_the_composer_kl_alone_moves_phi(lopd_run):
+    """With β = 0 and λ = 0 the composer loss is L_distill only: its gradient must reach φ
+    through the frozen teacher (a detached teacher would leave φ where it was)."""
+    m = _method(lopd_run, n_latents=4, composer_lr=1e-2, beta_init=0.0, anchor_weight=0.0)
+    batch = _batch(lopd_run)
+    batch.extras["old_logp"] = batch.sample_logp
+    m.prepare(batch)
+    p = m._pending
+    p["kl"].backward()
+    grads = [q.grad for q in m.composer.trainable_state().values() if q.grad is not None]
+    assert grads and sum(float(g.abs().sum()) for g in grads) > 0

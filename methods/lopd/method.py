@@ -252,7 +252,8 @@ class LOPD(SelfDistillation):
                 s_logits = agent_logits(self.run.model, batch.input_ids[srow][:, :width], batch.attention_mask[srow][:, :width], batch.loss_mask[srow][:, : width - 1])
                 s_logits = s_logits / self.run.train_cfg.temperature
             t_sig = torch.cat([p["scored"][k] for k in sig])
-            kl = token_mean(divergence(cfg.divergence, s_logits, t_sig, m=cfg.topk, support=cfg.topk_support))
+            # the same KL as the student's, its gradient taken on the teacher side (it reaches φ through the latents)
+            kl = token_mean(divergence(cfg.divergence, s_logits, t_sig, m=cfg.topk, support=cfg.topk_support, grad_to="teacher"))
         else:
             kl = teacher_logits.new_zeros(())
         anchor = anchor_penalty(p["latents"], p["anchor"])

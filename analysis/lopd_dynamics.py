@@ -70,7 +70,11 @@ def plot(df: pd.DataFrame, out: Path) -> None:
             ax.set_title(f"{d}: {title}", fontsize=9)
             ax.set_xlabel("student rollouts", fontsize=8)
             ax.tick_params(labelsize=7)
-    handles, labels = axes[0][0].get_legend_handles_labels()
+    seen: dict[str, object] = {}
+    for ax in axes.flat:  # every method once, whichever panel drew it (the ablations run on fewer domains)
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(label, h)
+    labels, handles = list(seen), list(seen.values())
     if handles:
         fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 7), fontsize=8)
     fig.tight_layout(rect=(0, 0.06, 1, 1))

@@ -69,7 +69,7 @@ def test_a_collapsed_composer_has_zero_margin_and_a_growing_beta():
     assert float(margin.detach()) == 0.0
     beta = 0.0
     for step in range(1, 6):
-        beta = dual_update(beta, float(margin), 0.05, 0.5)
+        beta = dual_update(beta, float(margin.detach()), 0.05, 0.5)
         assert beta == pytest.approx(0.025 * step)
 
 

@@ -26,6 +26,7 @@ from tasks.base import Task
 
 from .core.registry import register_method
 from .experience import BankConfig, ExperienceBank
+from .experience.bank import same_group_share
 from .experience.encoder import TextEncoder
 from .grpo import GRPO, GRPOConfig
 
@@ -63,11 +64,11 @@ class RetrievalRL(GRPO):
         # one retrieval per distinct task (the loop repeats each task G times)
         t0 = time.perf_counter()
         distinct = list({t.task_id: t for t in tasks}.values())
-        hits = dict(zip((t.task_id for t in distinct), self.bank.retrieve(distinct, self.cfg.n_retrieve)))
-        got = [hits[t.task_id] for t in distinct]
+        got = self.bank.retrieve(distinct, self.cfg.n_retrieve)
+        hits = {t.task_id: h for t, h in zip(distinct, got)}
         self._last = {
             "retrieved": sum(len(h) for h in got) / max(len(got), 1),
-            "same_group": sum(e.group_id == t.group_id for t, h in zip(distinct, got) for e in h) / max(sum(len(h) for h in got), 1),
+            "same_group": same_group_share(distinct, got),
             "retrieval_s": time.perf_counter() - t0,
         }
         return [render_experience(hits[t.task_id]) for t in tasks]

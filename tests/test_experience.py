@@ -113,3 +113,18 @@ def test_retrieval_finds_same_group_experience_far_above_chance(domain_name, min
     same = sum(e.group_id == t.group_id for t, h in zip(test, hits) for e in h) / sum(len(h) for h in hits)
     chance = sum(groups[t.group_id] for t in test) / len(test) / len(bank)
     assert same >= min_ratio * chance, (same, chance)
+
+
+def test_retrieve_each_repeats_per_task_and_counts_same_group(encoder):
+    from methods.experience.bank import same_group_share
+    from tasks.base import get_domain
+
+    domain = get_domain("tooluse", seed=0)
+    bank = ExperienceBank(BankConfig(), encoder)
+    bank.add(_expert_items(domain, domain.tasks("train", 30)), step=0)
+    q = domain.tasks("train", 60)[40:43]
+    each = bank.retrieve_each([q[0], q[1], q[0], q[2]], 3)
+    assert each[0] == each[2] and each[:2] + each[3:] == bank.retrieve(q, 3)[:2] + bank.retrieve(q, 3)[2:]
+    share = same_group_share(q, bank.retrieve(q, 3))
+    want = sum(e.group_id == t.group_id for t, h in zip(q, bank.retrieve(q, 3)) for e in h) / 9
+    assert share == want

@@ -88,22 +88,32 @@ class Teacher:
     def score(self, rollouts: Sequence[Rollout], contexts: Sequence[str | None], temperature: float = 1.0) -> list[torch.Tensor | None]:
         """Teacher logits ``[n_i, V]`` at each rollout's agent tokens (None where the
         re-rendered sequence would exceed the model's positions: no signal there)."""
-        seqs = [self.sequences(r, c) for r, c in zip(rollouts, contexts)]
-        out: list[torch.Tensor | None] = [None] * len(rollouts)
-        todo = [i for i, (ids, _) in enumerate(seqs) if len(ids) <= self.max_len]
         model = self.model
         was_training = model.training
         model.eval()
+        out = self.score_sequences([self.sequences(r, c) for r, c in zip(rollouts, contexts)], lambda ids, attn, mask, rows: agent_logits(model, ids, attn, mask), temperature)
+        model.train(was_training)
+        return out
+
+    def score_sequences(self, seqs, forward, temperature: float = 1.0, batch_size: int | None = None) -> list[torch.Tensor | None]:
+        """The batching of :meth:`score` for any teacher forward (LOPD's latent-conditioned one).
+
+        ``seqs``: ``(ids, agent_mask)`` per rollout; ``forward(ids, attn, mask, rows)``
+        returns packed logits ``[n, V]`` for the padded batch of rows ``rows``.
+        Sequences longer than the model's positions get None; logits are divided
+        by ``temperature``; the forwarded tokens go into the ledger.  Gradients
+        flow if ``forward`` lets them (the caller decides)."""
+        out: list[torch.Tensor | None] = [None] * len(seqs)
+        todo = [i for i, (ids, _) in enumerate(seqs) if len(ids) <= self.max_len]
         dev = self.run.device
-        for start in range(0, len(todo), self.batch_size):
-            chunk = todo[start : start + self.batch_size]
+        size = batch_size or self.batch_size
+        for start in range(0, len(todo), size):
+            chunk = todo[start : start + size]
             ids, attn, mask = pad_examples([seqs[i] for i in chunk], self.run.encoder.pad_id)
-            logits = agent_logits(model, ids.to(dev), attn.to(dev), mask.to(dev))
+            logits = forward(ids.to(dev), attn.to(dev), mask.to(dev), chunk)
             if temperature != 1.0:
                 logits = logits / temperature
-            counts = mask.sum(-1).long().tolist()
-            for i, piece in zip(chunk, torch.split(logits, counts)):
+            for i, piece in zip(chunk, torch.split(logits, mask.sum(-1).long().tolist())):
                 out[i] = piece
             self.run.ledger.add_teacher_tokens(int(attn.sum()))
-        model.train(was_training)
         return out

@@ -30,7 +30,12 @@ from tasks.base import Task, Turn, format_trace
 from .encoder import TextEncoder
 from .index import VectorIndex
 
-__all__ = ["BankConfig", "Experience", "ExperienceBank", "LeakError"]
+__all__ = ["BankConfig", "Experience", "ExperienceBank", "LeakError", "same_group_share"]
+
+
+def same_group_share(tasks: Sequence[Task], hits: Sequence[Sequence["Experience"]]) -> float:
+    """Share of retrieved items that come from their query task's own group (environment variant / project)."""
+    return sum(e.group_id == t.group_id for t, h in zip(tasks, hits) for e in h) / max(sum(len(h) for h in hits), 1)
 
 
 class LeakError(ValueError):
@@ -139,6 +144,12 @@ class ExperienceBank:
             hits = [self.items[j] for j in row if j >= 0 and (self.allow_self_retrieval or self.items[j].task_id != task.task_id)]
             out.append(hits[:n])
         return out
+
+    def retrieve_each(self, tasks: Sequence[Task], n: int) -> list[list[Experience]]:
+        """:meth:`retrieve` per task of a batch that repeats tasks (one search per distinct task)."""
+        distinct = list({t.task_id: t for t in tasks}.values())
+        hits = dict(zip((t.task_id for t in distinct), self.retrieve(distinct, n)))
+        return [hits[t.task_id] for t in tasks]
 
     # --- persistence -----------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

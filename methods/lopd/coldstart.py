@@ -61,13 +61,8 @@ def examples_from_bank(bank, domain, encoder, cfg: LOPDConfig) -> list[Example]:
 
 def latent_nll(composer: LatentComposer, domain, batch: Sequence[Example], device) -> tuple[torch.Tensor, int]:
     """Token-mean NLL of the examples' actions under the latent-conditioned teacher (grad to φ)."""
-    from .composer import item_text
-
-    texts = [item_text(ex.task.prompt, e.trace) for ex in batch for e in ex.hits]
-    lat = composer(composer.encode_items(texts))
-    K = composer.n_latents
-    per = torch.split(lat.flatten(0, 1), [len(ex.hits) * K for ex in batch])
-    seqs = [composer.teacher_sequence(domain, ex.task, len(ex.hits) * K, ex.tail_ids, ex.tail_mask) for ex in batch]
+    per, _, _ = composer.compose([ex.task.prompt for ex in batch], [ex.hits for ex in batch])
+    seqs = [composer.teacher_sequence(domain, ex.task, int(p.shape[0]), ex.tail_ids, ex.tail_mask) for ex, p in zip(batch, per)]
     ids, attn, mask = pad_examples([q[:2] for q in seqs], composer.encoder.pad_id)
     ids, attn, mask = ids.to(device), attn.to(device), mask.to(device)
     logits = composer.teacher_logits(ids, attn, mask, list(per), [q[2] for q in seqs])

@@ -139,6 +139,12 @@ class LatentComposer(nn.Module):
         hidden = self.backbone.base_model(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
         return self.qformer(hidden, attn)
 
+    def compose(self, task_prompts: Sequence[str], hits) -> tuple[list[torch.Tensor], torch.Tensor, list[list[int]]]:
+        """Latents for tasks and their retrieved items: per task [len(hits)·K, d], all items [items, K, d], and the item ids."""
+        ids = self.encode_items([item_text(p, e.trace) for p, hs in zip(task_prompts, hits) for e in hs])
+        lat = self(ids)
+        return list(torch.split(lat.flatten(0, 1), [len(h) * self.n_latents for h in hits])), lat, ids
+
     # --- the teacher -----------------------------------------------------------
     def teacher_sequence(self, domain, task, n_latents: int, tail_ids: Sequence[int], tail_mask: Sequence[int]) -> tuple[list[int], list[int], int]:
         """A trajectory re-rendered for the teacher: ``n_latents`` placeholders in the context slot.

@@ -35,14 +35,15 @@ from dataclasses import dataclass
 
 import torch
 
-from methods.core.batch import RolloutBatch, agent_logits, pad_examples
+from methods.core.batch import RolloutBatch, agent_logits
 from methods.core.distill import DistillConfig, SelfDistillation
 from methods.core.registry import register_method
 from methods.divergences import divergence, token_mean
 from methods.experience import BankConfig, ExperienceBank
+from methods.experience.bank import same_group_share
 from methods.experience.encoder import TextEncoder
 
-from .composer import LatentComposer, item_text
+from .composer import LatentComposer
 from .margin import anchor_penalty, composer_objective, dual_update, privileged_margin, token_delta
 
 FILL_MODES = ("shorter", "repeat")
@@ -148,17 +149,13 @@ class LOPD(SelfDistillation):
 
     # --- latents -----------------------------------------------------------------
     def retrieve(self, tasks):
-        distinct = list({t.task_id: t for t in tasks}.values())
-        hits = dict(zip((t.task_id for t in distinct), self.bank.retrieve(distinct, self.cfg.n_retrieve)))
-        return [fill(hits[t.task_id], self.cfg.n_retrieve, self.cfg.fill_missing) for t in tasks]
+        return [fill(h, self.cfg.n_retrieve, self.cfg.fill_missing) for h in self.bank.retrieve_each(tasks, self.cfg.n_retrieve)]
 
     def compose(self, tasks, hits) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
         """Per task: latents [len(hits)·K, d] (grad to φ when it trains), plus all latents and their anchors [items, K, d]."""
-        texts = [item_text(t.prompt, e.trace) for t, hs in zip(tasks, hits) for e in hs]
         keys = [(t.task_id, e.task_id) for t, hs in zip(tasks, hits) for e in hs]
-        ids = self.composer.encode_items(texts)
         with torch.set_grad_enabled(self.cfg.train_composer):
-            lat = self.composer(ids)
+            per_task, lat, ids = self.composer.compose([t.prompt for t in tasks], hits)
         missing = [i for i, k in enumerate(keys) if k not in self._anchor]
         if missing:
             with torch.no_grad():
@@ -166,30 +163,19 @@ class LOPD(SelfDistillation):
             for i, a in zip(missing, anch):
                 self._anchor[keys[i]] = a
         anchor = torch.stack([self._anchor[k] for k in keys]) if keys else lat.detach()
-        per_task = list(torch.split(lat.flatten(0, 1), [len(h) * self.cfg.n_latents for h in hits]))
         return per_task, lat, anchor
 
     def teacher_forward(self, rollouts, latents) -> list[torch.Tensor | None]:
-        """The latent-conditioned frozen teacher's logits [n_i, V] at each rollout's agent tokens (None: too long)."""
-        enc_dom = self.run.domain
-        seqs = []
-        for r, lat in zip(rollouts, latents):
-            start = r.prompt_len
-            seqs.append(self.composer.teacher_sequence(enc_dom, r.task, int(lat.shape[0]), r.ids[start:], r.agent_mask[start:]))
-        out: list[torch.Tensor | None] = [None] * len(rollouts)
-        todo = [i for i, (ids, _, _) in enumerate(seqs) if len(ids) <= self.teacher.max_len]
-        if not todo:
-            return out
-        ids, attn, mask = pad_examples([seqs[i][:2] for i in todo], self.run.encoder.pad_id)
-        dev = self.run.device
-        logits = self.composer.teacher_logits(ids.to(dev), attn.to(dev), mask.to(dev), [latents[i] for i in todo], [seqs[i][2] for i in todo])
-        T = self.run.train_cfg.temperature
-        if T != 1.0:
-            logits = logits / T
-        self.run.ledger.add_teacher_tokens(int(attn.sum()))
-        for i, piece in zip(todo, torch.split(logits, mask.sum(-1).long().tolist())):
-            out[i] = piece
-        return out
+        """The latent-conditioned frozen teacher's logits [n_i, V] at each rollout's agent tokens (None: too long).
+
+        The shared teacher batching (:meth:`Teacher.score_sequences`), one batch, with
+        :meth:`LatentComposer.teacher_logits` as the forward (gradients reach the latents)."""
+        seqs = [self.composer.teacher_sequence(self.run.domain, r.task, int(lat.shape[0]), r.ids[r.prompt_len :], r.agent_mask[r.prompt_len :]) for r, lat in zip(rollouts, latents)]
+
+        def forward(ids, attn, mask, rows):
+            return self.composer.teacher_logits(ids, attn, mask, [latents[i] for i in rows], [seqs[i][2] for i in rows])
+
+        return self.teacher.score_sequences([q[:2] for q in seqs], forward, self.run.train_cfg.temperature, batch_size=max(len(seqs), 1))
 
     # --- the step ----------------------------------------------------------------
     def prepare(self, batch: RolloutBatch) -> dict[str, float]:
@@ -200,7 +186,7 @@ class LOPD(SelfDistillation):
         rows = [i for i, h in enumerate(hits) if h]
         out = {
             "retrieved_per_task": sum(len(h) for h in hits) / max(len(hits), 1),
-            "retrieved_same_group": sum(e.group_id == r.task.group_id for r, h in zip(rs, hits) for e in h) / max(sum(len(h) for h in hits), 1),
+            "retrieved_same_group": same_group_share([r.task for r in rs], hits),
             "lopd_retrieval_s": round(t_ret, 4),  # inside the update timer (retrieval RL's retrieval_s is not)
             "bank_size": len(self.bank),
         }

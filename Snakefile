@@ -1,5 +1,6 @@
 # LOPD benchmark suite: the table of contents.
 #   snakemake --cores all results/table1.csv [--config profile=smoke]
+#   snakemake --cores all results/report.md   (every table and figure, from the same runs)
 from snakemake.utils import min_version, validate
 
 min_version("9.0")
@@ -17,6 +18,7 @@ include: "rules/bank.smk"
 include: "rules/train.smk"
 include: "rules/lopd.smk"
 include: "rules/table1.smk"
+include: "rules/report.smk"
 
 
 rule all:

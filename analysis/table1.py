@@ -15,55 +15,20 @@ versions within a domain, and names the runs that disagree.
 from __future__ import annotations
 
 import argparse
-import json
 from collections import defaultdict
 from pathlib import Path
 
 import pandas as pd
 
+from analysis.runs import METRIC, MixedRunsError, check_comparable, eval_points, final_rows  # noqa: F401 (MixedRunsError re-exported)
 from analysis.stats import bootstrap_ci
 from methods.core.provenance import write_text_atomic
 
-METRIC = "heldout_reward"
 COLUMNS = ["domain", "method", "metric", "mean", "ci_low", "ci_high", "n_seeds", "rollout_budget", "pre_rollouts"]
 
 
-class MixedRunsError(ValueError):
-    pass
-
-
 def load_runs(vanilla: list[str], runs: list[str]) -> list[dict]:
-    rows = []
-    for p in vanilla:
-        e = json.loads(Path(p).read_text())
-        rows.append({"path": p, "domain": e["domain"], "method": "vanilla", "seed": e["seed"], "version": e["domain_version"], "budget": 0, "value": e[METRIC]})
-    for p in runs:
-        s = json.loads(Path(p).read_text())
-        rows.append({"path": p, "domain": s["domain"], "method": s["method"], "seed": s["seed"], "version": s["domain_version"], "budget": s["ledger"]["rollout_budget"], "value": s["final"][METRIC], "used": s["ledger"]["rollouts"], "pre": s["ledger"].get("pre_rollouts", 0)})
-    return rows
-
-
-def check_comparable(rows: list[dict]) -> None:
-    """One task version per domain, one rollout budget among the trained methods of a domain."""
-    by_domain = defaultdict(list)
-    for r in rows:
-        by_domain[r["domain"]].append(r)
-    for domain, rs in by_domain.items():
-        versions = defaultdict(list)
-        for r in rs:
-            versions[r["version"]].append(r["path"])
-        if len(versions) > 1:
-            detail = "; ".join(f"{v}: {', '.join(ps)}" for v, ps in versions.items())
-            raise MixedRunsError(f"domain {domain!r} mixes task versions: {detail}")
-        budgets = defaultdict(list)
-        for r in rs:
-            if r["method"] != "vanilla":
-                budgets[r["budget"]].append(r["path"])
-                if r.get("used") is not None and r["used"] != r["budget"]:
-                    raise MixedRunsError(f"run {r['path']} used {r['used']} rollouts of its budget {r['budget']} (unfinished?)")
-        if len(budgets) > 1:
-            detail = "; ".join(f"{b} rollouts: {', '.join(ps)}" for b, ps in budgets.items())
-            raise MixedRunsError(f"domain {domain!r} mixes rollout budgets: {detail}")
+    return final_rows(vanilla, runs)
 
 
 def table(rows: list[dict]) -> pd.DataFrame:
@@ -73,9 +38,6 @@ def table(rows: list[dict]) -> pd.DataFrame:
         groups[(r["domain"], r["method"], r["budget"])].append(r)
     out = []
     for (domain, method, budget), rs in groups.items():
-        seeds = [r["seed"] for r in rs]
-        if len(set(seeds)) != len(seeds):
-            raise MixedRunsError(f"{domain}/{method}: seed listed twice: {[r['path'] for r in rs]}")
         mean, lo, hi = bootstrap_ci([r["value"] for r in sorted(rs, key=lambda r: r["seed"])])
         pre = max(r.get("pre", 0) for r in rs)
         out.append({"domain": domain, "method": method, "metric": METRIC, "mean": mean, "ci_low": lo, "ci_high": hi, "n_seeds": len(rs), "rollout_budget": budget, "pre_rollouts": pre})
@@ -87,18 +49,14 @@ def table(rows: list[dict]) -> pd.DataFrame:
 
 def curves(runs: list[str]) -> pd.DataFrame:
     """Learning curves: held-out reward against student rollouts, mean and CI over seeds."""
-    pts = defaultdict(list)
-    for p in runs:
-        s = json.loads(Path(p).read_text())
-        for line in (Path(p).parent / "metrics.jsonl").read_text().splitlines():
-            rec = json.loads(line)
-            if rec["kind"] == "eval":
-                pts[(s["domain"], s["method"], rec["rollouts"])].append(rec[METRIC])
+    cols = ["domain", "method", "rollouts", "metric", "mean", "ci_low", "ci_high", "n_seeds"]
+    pts = eval_points(runs)
     out = []
-    for (domain, method, rollouts), vals in sorted(pts.items()):
-        mean, lo, hi = bootstrap_ci(vals)
-        out.append({"domain": domain, "method": method, "rollouts": rollouts, "metric": METRIC, "mean": mean, "ci_low": lo, "ci_high": hi, "n_seeds": len(vals)})
-    return pd.DataFrame(out, columns=["domain", "method", "rollouts", "metric", "mean", "ci_low", "ci_high", "n_seeds"])
+    if not pts.empty:
+        for (domain, method, rollouts), g in pts.groupby(["domain", "method", "rollouts"], sort=True):
+            mean, lo, hi = bootstrap_ci(g.sort_values("seed")[METRIC])
+            out.append({"domain": domain, "method": method, "rollouts": rollouts, "metric": METRIC, "mean": mean, "ci_low": lo, "ci_high": hi, "n_seeds": len(g)})
+    return pd.DataFrame(out, columns=cols)
 
 
 def to_markdown(df: pd.DataFrame, title: str = "Table 1") -> str:

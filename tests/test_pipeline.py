@@ -36,7 +36,7 @@ def test_smoke_pipeline_writes_table1(tmp_path):
     _copy_repo(tmp_path)
     lint = _snakemake(tmp_path, "--lint", "--config", "profile=smoke")
     assert lint.returncode == 0, lint.stdout + lint.stderr
-    res = _snakemake(tmp_path, "results/table1.csv", "results/ablations.csv", "results/lopd_dynamics.png", "--config", "profile=smoke")
+    res = _snakemake(tmp_path, "results/table1.csv", "results/report.md", "--config", "profile=smoke")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
     df = pd.read_csv(tmp_path / "results" / "table1.csv")
     assert set(df.domain) == {"tooluse", "code"}
@@ -57,8 +57,16 @@ def test_smoke_pipeline_writes_table1(tmp_path):
     dyn = pd.read_csv(tmp_path / "results" / "lopd_dynamics.csv")
     # (the smoke warm start solves nothing, so its banks stay empty and only β is ever logged as a number)
     assert "lopd_beta" in set(dyn.metric) and (tmp_path / "results" / "lopd_dynamics.png").exists()
+    # the report gathers every table and figure, from these runs
+    res_dir = tmp_path / "results"
+    for name in ("figures/sample_efficiency.png", "figures/sample_efficiency.pdf", "rollouts_to_target.csv", "improvement.csv", "behaviour.csv"):
+        assert (res_dir / name).stat().st_size > 0, name
+    rep = (res_dir / "report.md").read_text()
+    lopd_code = df[(df.domain == "code") & (df.method == "lopd")].iloc[0]
+    assert f"LOPD {lopd_code['mean']:.3f}" in rep or "best mean LOPD" in rep
+    assert "![sample efficiency](figures/sample_efficiency.png)" in rep and "## Behaviour" in rep and "P(LOPD > GRPO)" in rep
     # a second invocation has nothing to do
-    again = _snakemake(tmp_path, "results/table1.csv", "results/ablations.csv", "--config", "profile=smoke", "--dry-run")
+    again = _snakemake(tmp_path, "results/table1.csv", "results/report.md", "--config", "profile=smoke", "--dry-run")
     assert "Nothing to be done" in again.stdout + again.stderr
 
 

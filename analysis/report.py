@@ -1,0 +1,183 @@
+"""``results/report.md``: Table 1, the figures, rollouts-to-target, probability of
+improvement, the ablations, behaviour and LOPD's dynamics, with headline
+statistics written from those files (no number in the report is typed by hand).
+
+    snakemake --cores all results/report.md      # regenerates every input first
+
+    python -m analysis.report --table1 results/table1.csv --table1-md results/table1.md \\
+        --targets results/rollouts_to_target.csv --targets-md results/rollouts_to_target.md \\
+        --improvement results/improvement.csv --improvement-md results/improvement.md \\
+        --ablations results/ablations.csv --ablations-md results/ablations.md \\
+        --behaviour-md results/behaviour.md --dynamics results/lopd_dynamics.csv \\
+        --figure results/figures/sample_efficiency.png --dynamics-figure results/lopd_dynamics.png \\
+        --out results/report.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from methods.core.provenance import git_commit, write_text_atomic
+
+from .names import display, domain_name
+
+
+def _section(md_path: str) -> str:
+    """A generated markdown table as a report section (its '# ' heading becomes '### ')."""
+    text = Path(md_path).read_text().strip()
+    return "\n".join("##" + line if line.startswith("# ") else line for line in text.splitlines())
+
+
+def _rel(path: str, out: Path) -> str:
+    return os.path.relpath(Path(path).resolve(), out.resolve().parent)
+
+
+def _overlap(a: pd.Series, b: pd.Series) -> bool:
+    return not (a.ci_low > b.ci_high or b.ci_low > a.ci_high)
+
+
+def headline_table1(t1: pd.DataFrame, method: str = "lopd", reference: str = "grpo") -> list[str]:
+    out = []
+    for d in sorted(t1.domain.unique()):
+        sub = t1[t1.domain == d].set_index("method")
+        best = sub["mean"].idxmax()
+        line = f"- **{domain_name(d)}**: best mean {display(best)} {sub.loc[best, 'mean']:.3f}"
+        for m in (method, reference, "vanilla"):
+            if m in sub.index and m != best:
+                line += f"; {display(m)} {sub.loc[m, 'mean']:.3f} [{sub.loc[m, 'ci_low']:.3f}, {sub.loc[m, 'ci_high']:.3f}]"
+        if method in sub.index and reference in sub.index:
+            a, b = sub.loc[method], sub.loc[reference]
+            verdict = "the 95 % CIs overlap" if _overlap(a, b) else ("CIs separate, " + display(method) + (" higher" if a["mean"] > b["mean"] else " lower"))
+            line += f". {display(method)} − {display(reference)} = {a['mean'] - b['mean']:+.3f} ({verdict})"
+        budget = int(sub["rollout_budget"].max())
+        out.append(line + f"; {int(sub['n_seeds'].max())} seeds, {budget} student rollouts.")
+    return out
+
+
+def headline_targets(tg: pd.DataFrame, method: str = "lopd") -> list[str]:
+    out = []
+    for r in tg[tg.method == method].itertuples():
+        ref = display(r.reference)
+        if pd.isna(r.rollouts_to_target):
+            out.append(f"- {domain_name(r.domain)}: {display(method)} does not reach {ref}'s final score {r.target:.3f} within the budget.")
+        elif r.at_start:
+            out.append(f"- {domain_name(r.domain)}: {ref}'s final score {r.target:.3f} is at or below {display(method)}'s score before training: reached at 0 rollouts, which says nothing about learning.")
+        else:
+            ci = "not reached" if pd.isna(r.ci_high) else f"{r.ci_high:.0f}"
+            lo = "not reached" if pd.isna(r.ci_low) else f"{r.ci_low:.0f}"
+            out.append(
+                f"- {domain_name(r.domain)}: {display(method)} reaches {ref}'s final score {r.target:.3f} at {r.rollouts_to_target:.0f} of {r.budget} rollouts "
+                f"(ratio {r.ratio:.2f}; 95 % CI [{lo}, {ci}]; {r.reached_share:.0%} of bootstrap resamples reach it; paper: < 0.30)."
+            )
+    return out
+
+
+def headline_improvement(poi: pd.DataFrame) -> list[str]:
+    allrows = poi[poi.domain == "all"] if "all" in set(poi.domain) else poi
+    out = []
+    for r in allrows.itertuples():
+        clear = "above 0.5" if r.ci_low > 0.5 else ("below 0.5" if r.ci_high < 0.5 else "holds 0.5")
+        where = "all domains" if r.domain == "all" else domain_name(r.domain)
+        out.append(f"- P({display(r.method)} > {display(r.baseline)}) = {r.poi:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}] over {where} (CI {clear}).")
+    return out
+
+
+def headline_ablations(ab: pd.DataFrame) -> list[str]:
+    """The paper's ordering: margin 0.05 (lopd) > frozen composer > no margin (m = 0)."""
+    out = []
+    for d in sorted(ab.domain.unique()):
+        sub = ab[ab.domain == d].set_index("method")
+        need = [m for m in ("lopd", "lopd_frozen", "lopd_m0") if m in sub.index]
+        if len(need) < 3:
+            continue
+        a, f, z = (sub.loc[m] for m in ("lopd", "lopd_frozen", "lopd_m0"))
+        holds = a["mean"] > f["mean"] > z["mean"]
+        noise = _overlap(a, f) and _overlap(f, z) and _overlap(a, z)
+        out.append(
+            f"- {domain_name(d)}: LOPD (m = 0.05) {a['mean']:.3f}, frozen composer {f['mean']:.3f}, m = 0 {z['mean']:.3f}: the paper's ordering "
+            f"{'holds in the means' if holds else 'does not hold in the means'}{' (all three CIs overlap)' if noise else ''}."
+        )
+        others = sub.drop(index="lopd")
+        lo_m, hi_m = others["mean"].min(), others["mean"].max()
+        out.append(f"- {domain_name(d)}: every variant's mean lies in [{lo_m:.3f}, {hi_m:.3f}] against LOPD's {a['mean']:.3f}.")
+    return out
+
+
+def headline_dynamics(dyn: pd.DataFrame) -> list[str]:
+    out = []
+    for d in sorted(dyn.domain.unique()):
+        sub = dyn[(dyn.domain == d) & (dyn.method == "lopd")]
+        parts = []
+        for q, name in (("lopd_beta", "β"), ("lopd_margin", "Δ")):
+            g = sub[sub.metric == q].sort_values("rollouts")
+            if not g.empty:
+                parts.append(f"{name} {g['mean'].iloc[0]:.3f} → {g['mean'].iloc[-1]:.3f}")
+        if parts:
+            out.append(f"- {domain_name(d)} (LOPD, mean over seeds, first → last step): " + ", ".join(parts) + ".")
+    return out
+
+
+def build(a: argparse.Namespace) -> str:
+    out = Path(a.out)
+    t1 = pd.read_csv(a.table1)
+    lines = [
+        "# LOPD benchmark: report",
+        "",
+        f"Generated by `snakemake --cores all results/report.md` from the runs (code at {git_commit()['commit'][:12]}). "
+        "Every number below is read from the files named in each section.",
+        "",
+        "## Headline",
+        "",
+        *headline_table1(t1),
+    ]
+    if a.targets:
+        lines += ["", *headline_targets(pd.read_csv(a.targets))]
+    if a.improvement:
+        lines += ["", *headline_improvement(pd.read_csv(a.improvement))]
+    if a.ablations:
+        lines += ["", *headline_ablations(pd.read_csv(a.ablations))]
+    if a.dynamics:
+        lines += ["", *headline_dynamics(pd.read_csv(a.dynamics))]
+    lines += ["", f"## Table 1 (`{a.table1}`)", "", _section(a.table1_md)]
+    if a.figure:
+        lines += ["", "## Sample efficiency (the paper's Fig. 4)", "", f"![sample efficiency]({_rel(a.figure, out)})",
+                  "", f"PDF: `{Path(a.figure).with_suffix('.pdf')}`. Bottom row: change from each seed's own Vanilla score."]
+    for md, title in ((a.targets_md, "Rollouts to target"), (a.improvement_md, "Probability of improvement"), (a.ablations_md, "Ablations"), (a.behaviour_md, "Behaviour (the paper's Table 3)")):
+        if md:
+            lines += ["", f"## {title} (`{md}`)", "", _section(md)]
+    if a.dynamics_figure:
+        lines += ["", "## LOPD dynamics", "", f"![LOPD dynamics]({_rel(a.dynamics_figure, out)})"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--table1", required=True)
+    p.add_argument("--table1-md", required=True)
+    p.add_argument("--targets")
+    p.add_argument("--targets-md")
+    p.add_argument("--improvement")
+    p.add_argument("--improvement-md")
+    p.add_argument("--ablations")
+    p.add_argument("--ablations-md")
+    p.add_argument("--behaviour-md")
+    p.add_argument("--dynamics", help="lopd_dynamics.csv")
+    p.add_argument("--figure", help="sample-efficiency PNG")
+    p.add_argument("--dynamics-figure", help="LOPD dynamics PNG")
+    p.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    for name in ("table1", "table1_md", "targets", "targets_md", "improvement", "improvement_md", "ablations", "ablations_md", "behaviour_md", "dynamics", "figure", "dynamics_figure"):
+        v = getattr(a, name)
+        if v and not Path(v).exists():
+            p.error(f"--{name.replace('_', '-')} {v}: no such file")
+    text = build(a)
+    write_text_atomic(Path(a.out), text)
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()

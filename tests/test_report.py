@@ -1,0 +1,152 @@
+"""The paper's figures and tables beyond Table 1: probability of improvement, rollouts-to-target,
+behaviour, the sample-efficiency figure and the report, on synthetic runs with known answers."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from analysis import behaviour, improvement, report, rollouts_to_target, sample_efficiency
+from analysis.runs import MixedRunsError, finals
+from analysis.stats import poi_ci, probability_of_improvement
+
+TOOL = {"heldout_turns": 6.0, "heldout_tool_calls": 5.0, "heldout_repeated_calls": 0.5, "heldout_first_response_tokens": 12.0}
+
+
+def _run(tmp, domain, method, seed, curve, budget=None, version="v1", extra=None):
+    """A finished run whose held-out reward at rollouts 0, 100, 200, ... is ``curve``."""
+    budget = budget if budget is not None else 100 * (len(curve) - 1)
+    d = tmp / "runs" / domain / method / f"seed{seed}"
+    d.mkdir(parents=True)
+    evals = [{"kind": "eval", "rollouts": 100 * i, "heldout_reward": v, **(extra or {})} for i, v in enumerate(curve)]
+    final = {k: v for k, v in evals[-1].items() if k.startswith("heldout_")}
+    (d / "summary.json").write_text(json.dumps({"domain": domain, "method": method, "seed": seed, "domain_version": version, "final": final, "ledger": {"rollout_budget": budget, "rollouts": budget}}))
+    (d / "metrics.jsonl").write_text("\n".join(json.dumps(e) for e in evals) + "\n")
+    return str(d / "summary.json")
+
+
+def _vanilla(tmp, domain, seed, value, extra=None):
+    p = tmp / f"ws_{domain}_{seed}.json"
+    p.write_text(json.dumps({"domain": domain, "seed": seed, "domain_version": "v1", "heldout_reward": value, **(extra or {})}))
+    return str(p)
+
+
+# -- probability of improvement -------------------------------------------------------------------
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=6), st.lists(st.integers(0, 5), min_size=1, max_size=6))
+def test_poi_matches_rliable_and_is_complementary(x, y):
+    from rliable import metrics  # the field's implementation (its interval code needs arch, which pandas 3 breaks)
+
+    x, y = np.array(x, float) / 5, np.array(y, float) / 5
+    assert probability_of_improvement(x, y) == pytest.approx(metrics.probability_of_improvement(x[:, None], y[:, None]))
+    assert probability_of_improvement(x, y) + probability_of_improvement(y, x) == pytest.approx(1.0)
+
+
+def test_poi_ci_brackets_and_is_degenerate_when_one_side_always_wins():
+    p, lo, hi = poi_ci([([0.5, 0.6, 0.7], [0.1, 0.2, 0.3])], n_boot=500)
+    assert (p, lo, hi) == (1.0, 1.0, 1.0)
+    p, lo, hi = poi_ci([([0.1, 0.5, 0.3], [0.2, 0.4, 0.3]), ([0.0, 1.0], [0.5, 0.5])], n_boot=500)
+    assert lo <= p <= hi and 0 <= lo and hi <= 1
+    with pytest.raises(ValueError):
+        probability_of_improvement([], [1.0])
+
+
+def test_improvement_table_per_domain_and_overall(tmp_path):
+    runs = [_run(tmp_path, d, "lopd", s, [0.1, 0.3 + s / 10]) for d in ("code", "tooluse") for s in range(3)]
+    runs += [_run(tmp_path, d, "grpo", s, [0.1, 0.1 + s / 100]) for d in ("code", "tooluse") for s in range(3)]
+    df = improvement.compute(finals([], runs), "lopd", n_boot=200)
+    assert set(df.domain) == {"code", "tooluse", "all"} and set(df.baseline) == {"grpo"}
+    assert (df.poi == 1.0).all() and (df.dropna(subset=["paired_wins"]).paired_wins == 1.0).all()
+    with pytest.raises(ValueError, match="no runs of 'nope'"):
+        improvement.compute(finals([], runs), "nope")
+
+
+# -- rollouts to target ---------------------------------------------------------------------------
+
+def test_rollouts_to_target_known_crossings(tmp_path):
+    runs = [_run(tmp_path, "tooluse", "grpo", s, [0.1, 0.2, 0.3, 0.4]) for s in range(3)]  # target 0.4
+    runs += [_run(tmp_path, "tooluse", "fast", s, [0.1, 0.45, 0.5, 0.5]) for s in range(3)]
+    runs += [_run(tmp_path, "tooluse", "never", s, [0.1, 0.1, 0.1, 0.1]) for s in range(3)]
+    runs += [_run(tmp_path, "tooluse", "above", s, [0.9, 0.9, 0.9, 0.9]) for s in range(3)]
+    df = rollouts_to_target.compute(runs, "grpo", n_boot=200).set_index("method")
+    assert df.loc["grpo", "rollouts_to_target"] == 300 and df.loc["grpo", "ratio"] == pytest.approx(1.0)
+    assert df.loc["fast", "rollouts_to_target"] == 100 and df.loc["fast", "ratio"] == pytest.approx(1 / 3)
+    assert (df.loc["fast", "ci_low"], df.loc["fast", "ci_high"]) == (100, 100) and df.loc["fast", "reached_share"] == 1.0
+    assert pd.isna(df.loc["never", "rollouts_to_target"]) and df.loc["never", "reached_share"] == 0.0
+    assert df.loc["above", "at_start"] and not df.loc["fast", "at_start"]
+    assert df.paired.all() and np.allclose(df.target, 0.4)
+    md = rollouts_to_target.to_markdown(df.reset_index())
+    assert "not reached" in md and "target <= its score before training" in md
+
+
+def test_rollouts_to_target_needs_the_reference_and_refuses_mixed_budgets(tmp_path):
+    a = _run(tmp_path, "code", "lopd", 0, [0.1, 0.2])
+    with pytest.raises(ValueError, match="no 'grpo' runs"):
+        rollouts_to_target.compute([a], "grpo")
+    b = _run(tmp_path, "code", "grpo", 0, [0.1, 0.2, 0.3])
+    with pytest.raises(MixedRunsError, match="mixes rollout budgets") as e:
+        rollouts_to_target.compute([a, b], "grpo")
+    assert a in str(e.value) and b in str(e.value)
+
+
+# -- behaviour -------------------------------------------------------------------------------------
+
+def test_behaviour_quantities_per_seed(tmp_path):
+    runs = [_run(tmp_path, "tooluse", "grpo", s, [0.1, 0.5], extra={**TOOL, "heldout_tool_calls": 4.0 + s}) for s in range(2)]
+    van = [_vanilla(tmp_path, "tooluse", s, 0.1, extra=TOOL) for s in range(2)]
+    seeds = behaviour.per_seed(finals(van, runs))
+    g = seeds[seeds.method == "grpo"].sort_values("seed")
+    assert list(g.calls_per_step) == pytest.approx([4 / 6, 5 / 6]) and list(g.reward_per_call) == pytest.approx([0.5 / 4, 0.5 / 5])
+    df = behaviour.summarize(seeds)
+    row = df[(df.method == "grpo") & (df.metric == "calls_per_step")].iloc[0]
+    assert row["mean"] == pytest.approx(0.75) and row.n_seeds == 2
+    assert "| Vanilla |" in behaviour.to_markdown(df) and "| GRPO |" in behaviour.to_markdown(df)
+
+
+def test_behaviour_refuses_runs_without_tool_metrics(tmp_path):
+    runs = [_run(tmp_path, "code", "grpo", 0, [0.1, 0.5])]
+    with pytest.raises(ValueError, match="behaviour metrics .* missing"):
+        behaviour.per_seed(finals([], runs))
+
+
+# -- figure and report ----------------------------------------------------------------------------
+
+def test_sample_efficiency_bands_and_files(tmp_path):
+    runs = [_run(tmp_path, "code", m, s, [0.1 + s / 10, 0.2 + s / 10 + (m == "lopd") / 10]) for m in ("grpo", "lopd", "newbaseline") for s in range(3)]
+    van = [_vanilla(tmp_path, "code", s, 0.1 + s / 10) for s in range(3)]
+    bands = sample_efficiency.band_table(van, runs)
+    last = bands[bands.rollouts == 100].set_index("method")
+    assert last.loc["grpo", "delta_mean"] == pytest.approx(0.1) and last.loc["lopd", "delta_mean"] == pytest.approx(0.2)
+    assert last.loc["grpo", "delta_low"] == pytest.approx(0.1)  # the same change on every seed: no spread
+    written = sample_efficiency.plot(bands, tmp_path / "fig" / "se.png")
+    assert [p.suffix for p in written] == [".png", ".pdf"] and all(p.stat().st_size > 1000 for p in written)
+
+
+def test_report_numbers_come_from_its_inputs(tmp_path):
+    t1 = pd.DataFrame(
+        [
+            {"domain": "code", "method": "vanilla", "metric": "heldout_reward", "mean": 0.2, "ci_low": 0.1, "ci_high": 0.3, "n_seeds": 3, "rollout_budget": 0, "pre_rollouts": 0},
+            {"domain": "code", "method": "grpo", "metric": "heldout_reward", "mean": 0.25, "ci_low": 0.2, "ci_high": 0.3, "n_seeds": 3, "rollout_budget": 640, "pre_rollouts": 0},
+            {"domain": "code", "method": "lopd", "metric": "heldout_reward", "mean": 0.4567, "ci_low": 0.41, "ci_high": 0.5, "n_seeds": 3, "rollout_budget": 640, "pre_rollouts": 32},
+        ]
+    )
+    (tmp_path / "t1.csv").write_text(t1.to_csv(index=False))
+    (tmp_path / "t1.md").write_text("# Table 1: x\n\n| a |\n")
+    args = report.argparse.Namespace(
+        table1=str(tmp_path / "t1.csv"), table1_md=str(tmp_path / "t1.md"), targets=None, targets_md=None, improvement=None, improvement_md=None,
+        ablations=None, ablations_md=None, behaviour_md=None, dynamics=None, figure=None, dynamics_figure=None, out=str(tmp_path / "report.md"),
+    )
+    text = report.build(args)
+    assert "LOPD 0.457" in text and "LOPD − GRPO = +0.207 (CIs separate, LOPD higher)" in text and "### Table 1: x" in text
+    t1.loc[t1.method == "lopd", ["mean", "ci_low"]] = [0.26, 0.2]
+    (tmp_path / "t1.csv").write_text(t1.to_csv(index=False))
+    text = report.build(args)
+    assert "0.457" not in text and "(the 95 % CIs overlap)" in text
+    with pytest.raises(SystemExit):
+        report.main(["--table1", str(tmp_path / "missing.csv"), "--table1-md", str(tmp_path / "t1.md"), "--out", str(tmp_path / "r.md")])

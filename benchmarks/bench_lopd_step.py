@@ -1,0 +1,82 @@
+"""A LOPD training step against a GRPO step at the same number of rollouts (issue target:
+LOPD <= 1.5x GRPO), measured in one invocation on the small profile, and where LOPD's time goes.
+
+    python benchmarks/bench_lopd_step.py --domain code
+    python benchmarks/bench_lopd_step.py --domain tooluse --steps 6
+
+Both methods train from the same warm start (``results/<profile>/warmstart/<domain>/seed<S>``)
+for ``--steps`` steps of ``rollouts_per_step`` (32) rollouts on one thread; LOPD also
+loads the seeded bank and its cold-started composer from ``results/``.  Step time =
+rollouts + update (LOPD's retrieval, composer, teacher, composer step and bank growth
+are inside its update timer), the first step dropped as warm-up, evaluations excluded
+(one 8-episode evaluation is forced at the end).  Prints one JSON line per method and a
+final line with the ratio and LOPD's breakdown per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PARTS = ("rollout_s", "update_s", "lopd_retrieval_s", "composer_s", "teacher_s", "composer_step_s", "bank_add_s")
+
+
+def run_steps(method: str, domain: str, seed: int, steps: int, profile: str, extra_args: list[str]) -> dict:
+    from methods.cli import main as cli
+    from methods.core.config import resolve_job
+
+    config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    config["profile"] = profile
+    job = resolve_job(config, domain, method)
+    per_step = job["train"]["rollouts_per_step"]
+    job["train"].update(rollout_budget=per_step * steps, eval_every=per_step * (steps + 1), eval_episodes=8, checkpoint_every=10**6)
+    ws = ROOT / "results" / profile / "warmstart" / domain / f"seed{seed}"
+    with tempfile.TemporaryDirectory() as out:
+        cli(["train", "--job", json.dumps(job), "--seed", str(seed), "--warmstart", str(ws), "--out", out, "--threads", "1", *extra_args])
+        recs = [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    trains = [r for r in recs if r["kind"] == "train"][1:]  # the first step warms up
+    mean = {k: sum(r.get(k) or 0.0 for r in trains) / len(trains) for k in PARTS}
+    return {"method": method, "domain": domain, "seed": seed, "steps_timed": len(trains), "rollouts_per_step": per_step,
+            "step_s": round(mean["rollout_s"] + mean["update_s"], 3), **{k: round(v, 3) for k, v in mean.items()}}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python benchmarks/bench_lopd_step.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--domain", required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=6, help="training steps per method (the first is not timed)")
+    p.add_argument("--profile", default="small")
+    a = p.parse_args(argv)
+    torch.set_num_threads(1)
+    base = ROOT / "results" / a.profile
+    from methods.core.config import cold_start_key
+
+    config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    config["profile"] = a.profile
+    bank = base / "bank" / a.domain / f"seed{a.seed}" / "bank.pt"
+    composer = base / "coldstart" / a.domain / cold_start_key(config, a.domain, "lopd") / f"seed{a.seed}" / "composer.pt"
+    for f in (bank, composer):
+        if not f.exists():
+            p.error(f"{f} is missing: run the pipeline's bank and coldstart rules first (snakemake --cores all {f})")
+    grpo = run_steps("grpo", a.domain, a.seed, a.steps, a.profile, [])
+    print(json.dumps(grpo), flush=True)
+    lopd = run_steps("lopd", a.domain, a.seed, a.steps, a.profile, ["--bank", str(bank), "--composer", str(composer)])
+    print(json.dumps(lopd), flush=True)
+    student = lopd["update_s"] - sum(lopd[k] for k in PARTS[2:])
+    print(json.dumps({"domain": a.domain, "lopd_over_grpo": round(lopd["step_s"] / grpo["step_s"], 2), "target": 1.5,
+                      "lopd_breakdown_s": {"rollouts": lopd["rollout_s"], "retrieval": lopd["lopd_retrieval_s"], "composer_latents": lopd["composer_s"],
+                                           "teacher": lopd["teacher_s"], "composer_step": lopd["composer_step_s"], "bank_growth": lopd["bank_add_s"], "student_update": round(student, 3)},
+                      "grpo_breakdown_s": {"rollouts": grpo["rollout_s"], "update": grpo["update_s"]}}))
+
+
+if __name__ == "__main__":
+    main()

@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from methods.lopd.composer import item_text
 from methods.lopd.margin import anchor_penalty, composer_objective, dual_update, privileged_margin, rollout_means, token_delta
 from methods.lopd.method import LOPDConfig, fill
 
@@ -161,6 +162,17 @@ def test_latents_have_j_times_k_rows_of_the_backbone_width(lopd_run, K, J):
     assert [tuple(x.shape) for x in per_task] == [(J * K, d)] * 3
     assert lat.shape == anchor.shape == (3 * J, K, d)
     torch.testing.assert_close(lat, anchor)  # before any composer step, c_φ = c_φ0
+
+
+def test_chunked_composing_equals_one_batch_in_input_order(lopd_run):
+    m = _method(lopd_run, n_latents=4, n_retrieve=3)
+    tasks = lopd_run.domain.tasks("train", 200)[100:106]
+    hits = m.retrieve(tasks)
+    ids = m.composer.encode_items([item_text(t.prompt, e.trace) for t, hs in zip(tasks, hits) for e in hs])
+    assert len({len(x) for x in ids}) > 1  # ragged, so sorting by length reorders them
+    one = m.composer(ids, chunk_items=len(ids))
+    for chunk in (1, 5):
+        torch.testing.assert_close(m.composer(ids, chunk_items=chunk), one, rtol=1e-4, atol=1e-5)
 
 
 def test_the_latents_replace_exactly_the_placeholder_span(lopd_run):

@@ -127,8 +127,21 @@ class LatentComposer(nn.Module):
     def encode_items(self, texts: Sequence[str]) -> list[list[int]]:
         return [self.encoder.encode(t)[: self.max_item_tokens] for t in texts]
 
-    def forward(self, item_ids: Sequence[Sequence[int]]) -> torch.Tensor:
-        """Latents [n_items, K, d] of tokenised items (LoRA on)."""
+    def forward(self, item_ids: Sequence[Sequence[int]], chunk_items: int = 8) -> torch.Tensor:
+        """Latents [n_items, K, d] of tokenised items (LoRA on).
+
+        Items are encoded in chunks of ``chunk_items`` of similar length (sorted by
+        length), so a short item is not padded to the longest of the whole batch;
+        the result is in the input order and does not depend on the chunking
+        (padding is masked)."""
+        order = sorted(range(len(item_ids)), key=lambda i: len(item_ids[i]))
+        parts = [self._encode([item_ids[i] for i in order[s : s + chunk_items]]) for s in range(0, len(order), chunk_items)]
+        lat = torch.cat(parts)
+        inverse = torch.empty(len(order), dtype=torch.long, device=lat.device)
+        inverse[torch.tensor(order, device=lat.device)] = torch.arange(len(order), device=lat.device)
+        return lat[inverse]
+
+    def _encode(self, item_ids: Sequence[Sequence[int]]) -> torch.Tensor:
         dev = self.qformer.queries.device
         width = max(len(x) for x in item_ids)
         ids = torch.full((len(item_ids), width), self.encoder.pad_id, dtype=torch.long, device=dev)

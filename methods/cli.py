@@ -150,7 +150,7 @@ def cmd_coldstart(args) -> None:
     domain.close()
     b, a = report["before"], report["after"]
     print(f"[coldstart] {job['domain']} seed {args.seed}: {report['train_examples']} training / {report['heldout_examples']} held-out successes; "
-          f"latent gain {b['latent_gain']:+.4f} -> {a['latent_gain']:+.4f} nats/token (text context {a['text_gain']:+.4f}); wrote {out / 'composer.pt'}", file=sys.stderr)
+          f"latent gain {b['latent_gain']:+.4f} -> {a['latent_gain']:+.4f} nats/token (text context {a['text_gain']:+.4f}); wrote {out / 'composer.pt'} and {out / 'coldstart.json'}", file=sys.stderr)
 
 
 def cmd_train(args) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from tasks.base import format_trace
 
+from .core.contexts import feedback_context
 from .core.distill import DistillConfig, SelfDistillation
 from .core.registry import register_method
 
@@ -48,7 +49,7 @@ def sdpo_context(sibling_trace: str | None, feedback: str | None) -> str | None:
     if sibling_trace:
         parts.append(sibling_trace)
     if feedback:
-        parts.append(f"feedback on a failed attempt:\n{feedback.strip()}")
+        parts.append(feedback_context(feedback))
     return "\n\n".join(parts) or None
 
 

@@ -26,6 +26,7 @@ import torch
 from tasks.base import Task
 
 from .core.batch import rows_of
+from .core.contexts import SKILL_MAX_CHARS, skill_summary
 from .core.distill import context_gain
 from .core.registry import register_method
 from .core.teacher import Teacher
@@ -40,7 +41,7 @@ class SkillSDConfig(GRPOConfig):
     sdl_weight: float = 0.001  # λ_sdl
     is_clip: float = 2.0  # cap of the importance weight π_S/π_old on the distillation term
     ucb_c: float = math.sqrt(2)
-    max_skill_chars: int = 600
+    max_skill_chars: int = SKILL_MAX_CHARS
 
     def __post_init__(self):
         super().__post_init__()
@@ -50,13 +51,7 @@ class SkillSDConfig(GRPOConfig):
 
 def summarize(rollout, max_chars: int) -> str:
     """A deterministic skill from one completed trajectory."""
-    actions = [t.action.strip() for t in rollout.episode.turns]
-    if rollout.reward >= 1.0:
-        text = "what worked:\n" + "\n".join(f"> {a}" for a in actions)
-    else:
-        fb = (rollout.feedback or "no feedback").strip()
-        text = f"what failed: {fb}\ntried:\n" + "\n".join(f"> {a}" for a in actions)
-    return text[:max_chars]
+    return skill_summary([t.action for t in rollout.episode.turns], rollout.reward >= 1.0, rollout.feedback, max_chars)
 
 
 @dataclass

@@ -164,3 +164,53 @@ def test_masked_nll_equals_the_masked_sum_of_token_logprobs():
     assert torch.allclose(nll, -(logp * mask).sum(), atol=1e-4)
     nll.backward()  # gradients reach the shared embedding / output head
     assert model.get_output_embeddings().weight.grad.abs().sum() > 0
+
+
+def test_context_shares_must_fit_in_one():
+    with pytest.raises(ValueError, match="same_task_share \\+ feedback_share \\+ skill_share"):
+        WarmStartConfig(same_task_share=0.5, feedback_share=0.4, skill_share=0.2)
+    WarmStartConfig(same_task_share=0.5, feedback_share=0.3, skill_share=0.2)
+
+
+def test_failed_attempts_fail_and_carry_the_environments_feedback(domain):
+    from methods.core.warmstart import failed_attempts
+
+    eps = expert_episodes(domain, domain.tasks("warmstart", 60))
+    failed = failed_attempts(domain, eps, random.Random(0))
+    assert len(failed) > 30
+    by_id = {e.task.task_id: e for e in eps}
+    for tid, (turns, fb) in failed.items():
+        clean = by_id[tid].turns
+        assert fb and 1 <= len(turns) <= len(clean)
+        assert [t.action for t in turns[:-1]] == [t.action for t in clean[: len(turns) - 1]] and turns[-1].action != clean[len(turns) - 1].action
+        replay = domain.reset(by_id[tid].task)
+        domain.step_batch([replay], [turns[0].action]) if len(turns) == 1 else [replay.step(t.action) for t in turns]
+        assert replay.reward() < 1.0
+
+
+@pytest.mark.parametrize("kind", ["none", "feedback", "skill"])
+def test_warmstart_contexts_use_the_methods_formats(domain, kind):
+    """SDPO's feedback reprompt and Skill-SD's skills enter the demonstrations in the methods' own
+    formats (methods/core/contexts.py), and only when their shares are set."""
+    from methods.core.tokenizer import ChatEncoder, train_tokenizer
+    from methods.core.warmstart import build_examples
+    from tasks.base import format_trace
+
+    eps = expert_episodes(domain, domain.tasks("warmstart", 80))
+    shares = {"none": {}, "feedback": {"feedback_share": 1.0}, "skill": {"skill_share": 1.0}}[kind]
+    cfg = WarmStartConfig(context_share=1.0, same_task_share=0.0, **shares)
+    enc = ChatEncoder(train_tokenizer([format_trace(e.task, e.turns) for e in eps], vocab_size=400))
+    examples = build_examples(domain, enc, eps, cfg, random.Random(0))
+    texts = [enc.decode([t for t, m in zip(ids, mask) if not m]) for ids, mask in examples]
+    marker = {"none": None, "feedback": "feedback on a failed attempt:", "skill": "what worked:"}[kind]
+    hits = sum(("feedback on a failed attempt:" in t) or ("what worked:" in t) or ("what failed:" in t) for t in texts)
+    if marker is None:
+        assert hits == 0
+    else:
+        assert sum(marker in t for t in texts) > len(texts) // 3
+        if kind == "skill":
+            assert any("what failed:" in t for t in texts)
+    # the targets stay the expert's own turns
+    for (ids, mask), e in zip(examples, eps):
+        target = enc.decode([t for t, m in zip(ids, mask) if m and t != enc.eos_id])
+        assert "".join(target.split()) == "".join("".join(t.action.split()) for t in e.turns)

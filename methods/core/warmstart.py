@@ -53,6 +53,7 @@ from tasks.base import Episode, Task, TaskDomain, format_trace
 
 from .evaluate import evaluate
 from .batch import agent_logits, pad_examples
+from .contexts import SKILL_MAX_CHARS, feedback_context, skill_summary
 from .policy import ModelConfig, build_policy, count_parameters
 from .rollout import SamplingConfig, trajectory_ids
 from .tokenizer import ChatEncoder, train_tokenizer
@@ -68,6 +69,8 @@ class WarmStartConfig:
     warmup_steps: int = 50
     context_share: float = 0.3  # share of demonstrations that carry a context block
     same_task_share: float = 0.5  # of those, share whose context is the task's own solution (else a same-group example)
+    feedback_share: float = 0.0  # of those, share whose context is the feedback on a failed attempt at the task (SDPO's reprompt)
+    skill_share: float = 0.0  # of those, share whose context is a skill summary of a same-group episode (Skill-SD's skill)
     vocab_size: int = 768
     likelihood_tasks: int = 200  # held-out tasks for the context-likelihood check
     bucket_batches: bool = True  # draw each batch from a length-sorted pool of 16 batches (less padding)
@@ -80,9 +83,14 @@ class WarmStartConfig:
                 raise ValueError(f"warmstart.{name} must be >= 1, got {getattr(self, name)}")
         if self.warmup_steps < 0:
             raise ValueError(f"warmstart.warmup_steps must be >= 0, got {self.warmup_steps}")
-        for name in ("context_share", "same_task_share", "copy_share", "seen_group_share", "recovery_share"):
+        for name in ("context_share", "same_task_share", "feedback_share", "skill_share", "copy_share", "seen_group_share", "recovery_share"):
             if not (0.0 <= getattr(self, name) <= 1.0):
                 raise ValueError(f"warmstart.{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.same_task_share + self.feedback_share + self.skill_share > 1.0 + 1e-9:
+            raise ValueError(
+                f"warmstart.same_task_share + feedback_share + skill_share must be <= 1 (shares of the context demonstrations), "
+                f"got {self.same_task_share} + {self.feedback_share} + {self.skill_share}"
+            )
         if not (0 < self.lr < 1):
             raise ValueError(f"warmstart.lr must be in (0, 1), got {self.lr}")
 
@@ -97,14 +105,67 @@ def expert_episodes(domain: TaskDomain, tasks: Sequence[Task]) -> list[Episode]:
     return eps
 
 
-def _context_for(task: Task, own: Episode, by_group: dict[str, list[Episode]], rng: random.Random, same_task_share: float) -> str | None:
-    if rng.random() < same_task_share:
+def _context_for(task: Task, own: Episode, by_group: dict[str, list[Episode]], rng: random.Random, cfg: WarmStartConfig):
+    """One context block for a demonstration of ``task`` (item 4 of the module docstring).
+
+    Kinds, as shares of the context demonstrations: the task's own solution
+    (``same_task_share``), the feedback on a failed attempt at the task
+    (``feedback_share``, SDPO's reprompt), a skill summary of a same-group
+    episode (``skill_share``, Skill-SD's skill: what worked, or what failed and
+    what was tried), else a solved trace of a same-group task.  With the two new
+    shares at 0 the random stream is the one warm starts were built with before
+    they existed.  Contexts that need a failed attempt come back as
+    ``("feedback" | "skill", episode)`` and are resolved by :func:`build_examples`
+    once the failed attempts they need have run (in one sandbox batch)."""
+    r = rng.random()
+    if r < cfg.same_task_share:
         return format_trace(task, own.turns, with_task=False)
+    if cfg.feedback_share or cfg.skill_share:
+        r2 = (r - cfg.same_task_share) / max(1.0 - cfg.same_task_share, 1e-12)  # uniform on [0, 1) given r >= same_task_share
+        rest = max(1.0 - cfg.same_task_share, 1e-12)
+        if r2 < cfg.feedback_share / rest:
+            return ("feedback", own)
+        if r2 < (cfg.feedback_share + cfg.skill_share) / rest:
+            others = [e for e in by_group.get(task.group_id, []) if e.task.task_id != task.task_id]
+            if not others:
+                return None
+            ex = rng.choice(others)
+            if rng.random() < 0.5:  # a skill from a failure of that task, else from its success
+                return ("skill", ex)
+            return skill_summary([t.action for t in ex.turns], True, None, SKILL_MAX_CHARS)
     others = [e for e in by_group.get(task.group_id, []) if e.task.task_id != task.task_id]
     if not others:
         return None
     ex = rng.choice(others)
     return format_trace(ex.task, ex.turns)
+
+
+def failed_attempts(domain, episodes: Sequence[Episode], rng: random.Random) -> dict[str, tuple[list, str]]:
+    """A failed attempt at each task and the environment's feedback on it: the expert's
+    turns up to a random call, that call with one character changed (:func:`_corrupt`),
+    then the episode stops.  {task_id: (turns, feedback)}; tasks whose corrupted attempt
+    still succeeds or gets no feedback are left out."""
+    eps, actions = [], []
+    for e in episodes:
+        k = rng.randrange(len(e.turns)) if e.turns else 0
+        bad = _corrupt(e.turns[k].action, rng) if e.turns else None
+        if bad is None:
+            continue
+        ep = domain.reset(e.task)
+        for turn in e.turns[:k]:
+            ep.step(turn.action)
+        if ep.done:
+            continue
+        eps.append(ep)
+        actions.append(bad)
+    if eps:
+        domain.step_batch(eps, actions)
+    out = {}
+    for ep in eps:
+        fb = ep.feedback()
+        if fb and ep.reward() < 1.0:
+            out[ep.task.task_id] = (list(ep.turns), fb)
+    return out
 
 
 def _corrupt(action: str, rng: random.Random) -> str | None:
@@ -156,12 +217,27 @@ def build_examples(domain, encoder, episodes, cfg: WarmStartConfig, rng: random.
     for e in episodes:
         by_group.setdefault(e.task.group_id, []).append(e)
     noisy = recovery_demos(domain, episodes, cfg.recovery_share, random.Random(rng.random()))
+    contexts = [_context_for(e.task, e, by_group, rng, cfg) if rng.random() < cfg.context_share else None for e in episodes]
+    need = {c[1].task.task_id: c[1] for c in contexts if isinstance(c, tuple)}
+    failed = failed_attempts(domain, list(need.values()), random.Random(f"failed/{rng.random()}")) if need else {}
     examples = []
-    for i, e in enumerate(episodes):
-        ctx = _context_for(e.task, e, by_group, rng, cfg.same_task_share) if rng.random() < cfg.context_share else None
+    for i, (e, ctx) in enumerate(zip(episodes, contexts)):
+        if isinstance(ctx, tuple):
+            ctx = _resolve(ctx, failed)
         turns, masked = noisy.get(i, (e.turns, frozenset()))
         examples.append(trajectory_ids(encoder, domain, e.task, ctx, turns, masked))
     return examples
+
+
+def _resolve(planned: tuple, failed: dict[str, tuple[list, str]]) -> str | None:
+    """The text of a context that needed a failed attempt (None / the success's skill where none failed)."""
+    kind, ep = planned
+    hit = failed.get(ep.task.task_id)
+    if kind == "feedback":
+        return feedback_context(hit[1]) if hit else None
+    if hit:
+        return skill_summary([t.action for t in hit[0]], False, hit[1], SKILL_MAX_CHARS)
+    return skill_summary([t.action for t in ep.turns], True, None, SKILL_MAX_CHARS)
 
 
 def copy_examples(encoder, corpus: Sequence[str], n: int, rng: random.Random) -> list[tuple[list[int], list[int]]]:
@@ -266,7 +342,8 @@ def context_likelihood_check(model, encoder, domain, n: int, seed: int, pool: in
     with a block from a training task of another group, and with the task's own
     solution trace.  A same-group block is what retrieval (retrieval RL, LOPD's
     bank) hands a policy or teacher; the own solution is what OPSD's reference,
-    SDPO's successful sibling and SDFT's demonstration hand a teacher."""
+    SDPO's successful sibling and SDFT's demonstration hand a teacher; the
+    feedback and skill gains are SDPO's and Skill-SD's other contexts."""
     rng = random.Random(f"ctxcheck/{seed}")
     train_by_group: dict[str, list[Episode]] = {}
     for e in expert_episodes(domain, domain.tasks("train", pool)):
@@ -293,7 +370,33 @@ def context_likelihood_check(model, encoder, domain, n: int, seed: int, pool: in
     res["context_gain_same_group"] = res["logp_same_group_context"] - res["logp_no_context"]
     res["context_gain_other_group"] = res["logp_other_group_context"] - res["logp_no_context"]
     res["context_gain_own_solution"] = res["logp_own_solution_context"] - res["logp_no_context"]
+    res.update(_method_context_gains(model, encoder, domain, eps, train_by_group, seed))
     return res
+
+
+def _method_context_gains(model, encoder, domain, eps: Sequence[Episode], train_by_group: dict[str, list[Episode]], seed: int) -> dict[str, float]:
+    """The same check for the contexts SDPO and Skill-SD hand their teachers: the feedback on
+    a failed attempt at the task (SDPO), and a skill of a same-group training task (Skill-SD:
+    from its success or, half the time, from a failed attempt at it).  Its own random stream,
+    so the three gains above do not move with it."""
+    rng = random.Random(f"ctxcheck-methods/{seed}")
+    failed = failed_attempts(domain, eps, random.Random(f"failed-test/{seed}"))
+    pool = [e for es in train_by_group.values() for e in es]
+    failed_train = failed_attempts(domain, pool, random.Random(f"failed-train/{seed}"))
+    none, fb, sk = [], [], []
+    for e in eps:
+        ex = rng.choice(train_by_group[e.task.group_id])
+        hit = failed_train.get(ex.task.task_id) if rng.random() < 0.5 else None
+        skill = skill_summary([t.action for t in hit[0]], False, hit[1], SKILL_MAX_CHARS) if hit else skill_summary([t.action for t in ex.turns], True, None, SKILL_MAX_CHARS)
+        sk.append((e.task, skill, e.turns))
+        if e.task.task_id in failed:
+            none.append((e.task, None, e.turns))
+            fb.append((e.task, feedback_context(failed[e.task.task_id][1]), e.turns))
+    out = {"context_gain_skill": mean_agent_logprob(model, encoder, domain, sk) - mean_agent_logprob(model, encoder, domain, [(t, None, turns) for t, _, turns in sk])}
+    if fb:
+        out["context_gain_feedback"] = mean_agent_logprob(model, encoder, domain, fb) - mean_agent_logprob(model, encoder, domain, none)
+        out["context_check_feedback_tasks"] = len(fb)
+    return out
 
 
 def warm_start(domain: TaskDomain, model_cfg: ModelConfig, cfg: WarmStartConfig, sampling: SamplingConfig, eval_episodes: int, seed: int):

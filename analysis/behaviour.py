@@ -20,15 +20,12 @@ CI over seeds.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from methods.core.provenance import write_text_atomic
-
 from .names import display, domain_name, ordered
-from .runs import finals
+from .runs import finals, write_table
 from .stats import bootstrap_ci
 
 QUANTITIES = {
@@ -100,11 +97,7 @@ def main(argv=None) -> None:
     p.add_argument("--out-md", required=True)
     a = p.parse_args(argv)
     df = summarize(per_seed(finals(a.vanilla, a.runs)))
-    write_text_atomic(Path(a.out_csv), df.to_csv(index=False))
-    md = to_markdown(df)
-    write_text_atomic(Path(a.out_md), md)
-    print(md)
-    print(f"wrote {a.out_csv}, {a.out_md}")
+    write_table(df, to_markdown(df), a.out_csv, a.out_md)
 
 
 if __name__ == "__main__":

@@ -17,14 +17,11 @@ start (ties one half; empty where the seed sets differ).
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import pandas as pd
 
-from methods.core.provenance import write_text_atomic
-
 from .names import display, domain_name, ordered
-from .runs import finals
+from .runs import finals, write_table
 from .stats import poi_ci
 
 COLUMNS = ["method", "baseline", "domain", "poi", "ci_low", "ci_high", "n_seeds_method", "n_seeds_baseline", "paired_wins"]
@@ -89,11 +86,7 @@ def main(argv=None) -> None:
         df = compute(finals(a.vanilla, a.runs), a.method)
     except ValueError as e:
         p.error(str(e))
-    write_text_atomic(Path(a.out_csv), df.to_csv(index=False))
-    md = to_markdown(df)
-    write_text_atomic(Path(a.out_md), md)
-    print(md)
-    print(f"wrote {a.out_csv}, {a.out_md}")
+    write_table(df, to_markdown(df), a.out_csv, a.out_md)
 
 
 if __name__ == "__main__":

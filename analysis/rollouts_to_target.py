@@ -21,15 +21,12 @@ Where the target is at or below a method's score before training (rollout 0),
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from methods.core.provenance import write_text_atomic
-
 from .names import display, domain_name, ordered
-from .runs import METRIC, eval_points, finals
+from .runs import METRIC, eval_points, finals, write_table
 
 COLUMNS = ["domain", "method", "reference", "target", "rollouts_to_target", "ci_low", "ci_high", "reached_share", "ratio", "at_start", "budget", "eval_interval", "n_seeds", "paired"]
 
@@ -111,11 +108,7 @@ def main(argv=None) -> None:
     p.add_argument("--out-md", required=True)
     a = p.parse_args(argv)
     df = compute(a.runs, a.reference)
-    write_text_atomic(Path(a.out_csv), df.to_csv(index=False))
-    md = to_markdown(df)
-    write_text_atomic(Path(a.out_md), md)
-    print(md)
-    print(f"wrote {a.out_csv}, {a.out_md}")
+    write_table(df, to_markdown(df), a.out_csv, a.out_md)
 
 
 if __name__ == "__main__":

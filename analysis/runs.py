@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from methods.core.provenance import write_text_atomic
+
 METRIC = "heldout_reward"
 
 
@@ -93,3 +95,11 @@ def eval_points(runs: list[str]) -> pd.DataFrame:
             if rec.get("kind") == "eval":
                 out.append({"domain": s["domain"], "method": s["method"], "seed": s["seed"], "rollouts": rec["rollouts"], **_heldout(rec)})
     return pd.DataFrame(out)
+
+
+def write_table(df: pd.DataFrame, markdown: str, out_csv: str, out_md: str) -> None:
+    """Write a table as CSV and markdown (each atomically) and say where they went."""
+    write_text_atomic(Path(out_csv), df.to_csv(index=False))
+    write_text_atomic(Path(out_md), markdown)
+    print(markdown)
+    print(f"wrote {out_csv}, {out_md}")

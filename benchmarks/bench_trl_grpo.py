@@ -66,6 +66,8 @@ UNMATCHED = [
 
 
 def _job(rollouts: int, overrides: list[str]) -> dict:
+    from benchmarks.bench_grpo_run import _parse_value
+
     from methods.core.config import resolve_job
     from methods.core.loop import TrainConfig
     from methods.core.registry import get_method, make_config
@@ -83,20 +85,10 @@ def _job(rollouts: int, overrides: list[str]) -> dict:
         section, _, field = key.partition(".")
         if section not in ("train", "method_config") or field not in job[section]:
             raise SystemExit(f"--set {item}: expected train.<field>=<value> or method_config.<field>=<value> with an existing field")
-        job[section][field] = _parse_value(value)
+        job[section][field] = _parse_value(value)  # the same parsing as bench_grpo_run.py
     make_config(TrainConfig, job["train"], "train")
     make_config(get_method("grpo").Config, job["method_config"], "methods.grpo")
     return job
-
-
-def _parse_value(text: str):
-    """A number where the text is one (PyYAML reads ``3e-5`` as a string), else YAML."""
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return yaml.safe_load(text)
 
 
 def _unmatched(job: dict) -> list[str]:

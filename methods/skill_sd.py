@@ -27,7 +27,7 @@ from tasks.base import Task
 
 from .core.batch import rows_of
 from .core.contexts import SKILL_MAX_CHARS, skill_summary
-from .core.distill import context_gain
+from .core.distill import checked_gain, context_gain
 from .core.registry import register_method
 from .core.teacher import Teacher
 from .divergences import sampled_token_reverse_kl, token_mean
@@ -135,7 +135,7 @@ class SkillSD(GRPO):
         if with_skill and not self._gain_logged:  # the first step whose tasks have skills (the library starts empty)
             self._gain_logged = True
             by_task = {t.task_id: (t, c) for t, c in with_skill}
-            out["teacher_context_gain"] = context_gain(self.teacher, [t for t, _ in by_task.values()], [c for _, c in by_task.values()])
+            out["teacher_context_gain"] = checked_gain(self.name, context_gain(self.teacher, [t for t, _ in by_task.values()], [c for _, c in by_task.values()]))
         return out
 
     def trainable_rows(self, batch):

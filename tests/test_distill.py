@@ -178,3 +178,13 @@ def test_context_gain_is_the_difference_of_expert_log_likelihoods(warmstarts):
     with torch.no_grad():
         expected = mean_lp(True) - mean_lp(False)
     assert context_gain(teacher, tasks, ctx) == pytest.approx(expected, abs=1e-4)
+
+
+def test_a_context_that_does_not_help_is_reported_in_the_log(capsys):
+    from methods.core.distill import checked_gain
+
+    assert checked_gain("sdpo", -0.15) == -0.15
+    err = capsys.readouterr().err
+    assert "[sdpo] warning" in err and "-0.1500 nats/token" in err
+    checked_gain("opsd", 0.03)
+    assert "warning" not in capsys.readouterr().err

@@ -19,6 +19,7 @@ cannot read that context, and the method has nothing to distil.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -92,7 +93,7 @@ class SelfDistillation(Method):
             self._gain_logged = True
             tasks = list({r.task.task_id: r.task for r in batch.rollouts}.values())
             ctx = {r.task.task_id: c for r, c in zip(batch.rollouts, contexts)}
-            out["teacher_context_gain"] = context_gain(self.teacher, tasks, [ctx[t.task_id] for t in tasks])
+            out["teacher_context_gain"] = checked_gain(self.name, context_gain(self.teacher, tasks, [ctx[t.task_id] for t in tasks]))
         return out
 
     def trainable_rows(self, batch: RolloutBatch) -> torch.Tensor:
@@ -118,6 +119,16 @@ class SelfDistillation(Method):
 
 
 @torch.no_grad()
+def checked_gain(method: str, gain: float) -> float:
+    """The sanity check of every privileged-context method: say so in the log when the
+    context does not raise the expert actions' likelihood under the teacher (then the
+    method has little to distil, and the warm start cannot read that kind of context)."""
+    if gain <= 0:
+        print(f"[{method}] warning: the teacher's privileged context changes the expert actions' log-likelihood by {gain:+.4f} nats/token "
+              "(<= 0): the warm start cannot use this context, so distillation has little to give", file=sys.stderr, flush=True)
+    return gain
+
+
 def context_gain(teacher: Teacher, tasks: Sequence[Task], contexts: Sequence[str | None]) -> float:
     """Mean per-token log-lik of the expert's actions with the context minus without (tasks with a context).
 

@@ -121,6 +121,33 @@ def headline_dynamics(dyn: pd.DataFrame) -> list[str]:
     return out
 
 
+CONTEXT_GAINS = {
+    "context_gain_own_solution": "own solution (OPSD, SDFT, SDPO's sibling)",
+    "context_gain_same_group": "same-group trace (retrieval)",
+    "context_gain_other_group": "other-group trace",
+    "context_gain_feedback": "feedback on a failed attempt (SDPO)",
+    "context_gain_skill": "skill (Skill-SD)",
+}
+
+
+def context_gains_section(evals: list[str]) -> list[str]:
+    """What each kind of privileged context gives the warm start (the teacher of every
+    self-distillation method): change of the expert actions' mean log-likelihood per token
+    on held-out tasks, from each warm start's ``eval.json`` (issue 3's sanity check)."""
+    import json
+
+    rows = [json.loads(Path(p).read_text()) for p in evals]
+    rows.sort(key=lambda e: (e["domain"], e["seed"]))
+    lines = [
+        "| domain | seed | " + " | ".join(CONTEXT_GAINS.values()) + " |",
+        "|---|---|" + "---|" * len(CONTEXT_GAINS),
+    ]
+    for e in rows:
+        cells = [f"{e[k]:+.4f}" if isinstance(e.get(k), (int, float)) else "not measured" for k in CONTEXT_GAINS]
+        lines.append(f"| {domain_name(e['domain'])} | {e['seed']} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def build(a: argparse.Namespace) -> str:
     out = Path(a.out)
     t1 = pd.read_csv(a.table1)
@@ -151,6 +178,9 @@ def build(a: argparse.Namespace) -> str:
             lines += ["", f"## {title} (`{md}`)", "", _section(md)]
     if a.dynamics_figure:
         lines += ["", "## LOPD dynamics", "", f"![LOPD dynamics]({_rel(a.dynamics_figure, out)})"]
+    if a.warmstarts:
+        lines += ["", "## What each privileged context gives the warm start (nats/token on held-out expert actions; > 0: the teacher can use it)", "",
+                  *context_gains_section(a.warmstarts)]
     return "\n".join(lines) + "\n"
 
 
@@ -168,6 +198,7 @@ def main(argv=None) -> None:
     p.add_argument("--dynamics", help="lopd_dynamics.csv")
     p.add_argument("--figure", help="sample-efficiency PNG")
     p.add_argument("--dynamics-figure", help="LOPD dynamics PNG")
+    p.add_argument("--warmstarts", nargs="*", default=[], help="warm-start eval.json files (context gains table)")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
     for name in ("table1", "table1_md", "targets", "targets_md", "improvement", "improvement_md", "ablations", "ablations_md", "behaviour_md", "dynamics", "figure", "dynamics_figure"):

@@ -86,6 +86,7 @@ rule report:
         dynamics="results/lopd_dynamics.csv",
         figure="results/figures/sample_efficiency.png",
         dynamics_figure="results/lopd_dynamics.png",
+        warmstarts=VANILLA_EVALS,
     output:
         "results/report.md",
     log:
@@ -99,4 +100,4 @@ rule report:
         "python -m analysis.report --table1 {input.table1} --table1-md {input.table1_md} "
         "--targets {input.targets} --targets-md {input.targets_md} --improvement {input.improvement} --improvement-md {input.improvement_md} "
         "--ablations {input.ablations} --ablations-md {input.ablations_md} {params.behaviour} --dynamics {input.dynamics} "
-        "--figure {input.figure} --dynamics-figure {input.dynamics_figure} --out {output} > {log} 2>&1"
+        "--figure {input.figure} --dynamics-figure {input.dynamics_figure} --warmstarts {input.warmstarts} --out {output} > {log} 2>&1"

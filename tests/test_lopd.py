@@ -330,3 +330,17 @@ def test_the_composer_kl_alone_moves_phi(lopd_run):
     p["kl"].backward()
     grads = [q.grad for q in m.composer.trainable_state().values() if q.grad is not None]
     assert grads and sum(float(g.abs().sum()) for g in grads) > 0
+
+
+def test_the_anchor_cache_is_bounded(lopd_run, monkeypatch):
+    import methods.lopd.method as lm
+
+    monkeypatch.setattr(lm, "ANCHOR_CACHE_ITEMS", 4)
+    m = _method(lopd_run, n_latents=4, n_retrieve=3)
+    tasks = lopd_run.domain.tasks("train", 200)[100:104]
+    hits = m.retrieve(tasks)
+    _, lat, anchor = m.compose(tasks, hits)
+    torch.testing.assert_close(lat, anchor)  # computed before eviction, whatever the cap
+    assert len(m._anchor) == 4
+    last = [(t.task_id, e.task_id) for t, hs in zip(tasks, hits) for e in hs][-4:]
+    assert list(m._anchor) == last  # the most recently used stay

@@ -31,6 +31,7 @@ Ablations are config variants of this one module (``config/config.yaml``,
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -119,6 +120,7 @@ def fill(hits: list, n: int, mode: str) -> list:
 
 
 TEACHER_CHUNK = 8  # rollouts per latent-conditioned teacher forward
+ANCHOR_CACHE_ITEMS = 4096  # cached anchor latents c_φ0, K·d floats each
 
 
 @register_method("lopd")
@@ -147,7 +149,9 @@ class LOPD(SelfDistillation):
         if run.extra.get("bank_path"):
             self.bank.load(run.extra["bank_path"])
             self.bank.frozen = False
-        self._anchor: dict[tuple[str, str], torch.Tensor] = {}
+        # c_φ0 per (task, retrieved item), least recently used evicted first: tasks rarely
+        # repeat within a run, and unbounded the cache grows by J·K·d floats per rollout
+        self._anchor: OrderedDict[tuple[str, str], torch.Tensor] = OrderedDict()
         self._pending: dict | None = None
 
     # --- latents -----------------------------------------------------------------
@@ -166,6 +170,10 @@ class LOPD(SelfDistillation):
             for i, a in zip(missing, anch):
                 self._anchor[keys[i]] = a
         anchor = torch.stack([self._anchor[k] for k in keys]) if keys else lat.detach()
+        for k in keys:
+            self._anchor.move_to_end(k)
+        while len(self._anchor) > ANCHOR_CACHE_ITEMS:
+            self._anchor.popitem(last=False)
         return per_task, lat, anchor
 
     def teacher_forward(self, rollouts, latents) -> list[torch.Tensor | None]:

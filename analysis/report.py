@@ -16,6 +16,7 @@ statistics written from those files (no number in the report is typed by hand).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 
@@ -134,8 +135,6 @@ def context_gains_section(evals: list[str]) -> list[str]:
     """What each kind of privileged context gives the warm start (the teacher of every
     self-distillation method): change of the expert actions' mean log-likelihood per token
     on held-out tasks, from each warm start's ``eval.json`` (issue 3's sanity check)."""
-    import json
-
     rows = [json.loads(Path(p).read_text()) for p in evals]
     rows.sort(key=lambda e: (e["domain"], e["seed"]))
     lines = [

@@ -66,11 +66,11 @@ def compute(runs: list[str], reference: str = "grpo", n_boot: int = 5000, seed: 
                 j = i if paired else rng.integers(0, len(ref), len(ref))
                 reps[b] = first_reach(curves[i], xs, ref.to_numpy()[j].mean())
             lo, hi = (float(np.quantile(reps, q, method="lower" if q < 0.5 else "higher")) for q in (0.025, 0.975))
-            fin_ = np.isfinite
+            finite = np.isfinite
             out.append(
-                {"domain": d, "method": m, "reference": reference, "target": target, "rollouts_to_target": point if fin_(point) else None,
-                 "ci_low": lo if fin_(lo) else None, "ci_high": hi if fin_(hi) else None, "reached_share": float(np.isfinite(reps).mean()),
-                 "ratio": point / budget if fin_(point) else None, "at_start": bool(curves[:, 0].mean() >= target - 1e-12),
+                {"domain": d, "method": m, "reference": reference, "target": target, "rollouts_to_target": point if finite(point) else None,
+                 "ci_low": lo if finite(lo) else None, "ci_high": hi if finite(hi) else None, "reached_share": float(finite(reps).mean()),
+                 "ratio": point / budget if finite(point) else None, "at_start": bool(curves[:, 0].mean() >= target - 1e-12),
                  "budget": budget, "eval_interval": float(np.diff(xs).min()) if xs.size > 1 else None, "n_seeds": len(curves), "paired": paired}
             )
     return pd.DataFrame(out, columns=COLUMNS)

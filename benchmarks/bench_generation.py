@@ -21,7 +21,9 @@ measured fp32 matmul peak (issue target: >= 25 %).
    shape ([4096, hidden] x [hidden, intermediate]), the best a model this narrow
    can do on this machine.
 
-Prints one JSON line per batch size.
+Prints one JSON line per batch size.  ``--cprofile`` then prints cProfile's top
+entries (by own time) for one more batch at the first batch size: where the
+generation time goes.
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3, help="timed batches per batch size")
     p.add_argument("--profile", default="small")
+    p.add_argument("--cprofile", action="store_true", help="print where the time of one batch goes (cProfile, top 12 by own time)")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     peak = matmul_peak()
@@ -127,6 +130,13 @@ def main(argv=None) -> None:
             "tokens_processed_per_batch": processed, "useful_gflops": round(useful, 3), "useful_efficiency_vs_peak": round(useful / peak["peak_gflops"], 4),
             "model_flops_per_token": 2 * matmul_params, "sampling": {"temperature": cfg.temperature, "max_new_tokens": cfg.max_new_tokens},
         }))
+    if a.cprofile:
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.runcall(run_episodes, model, enc, domain, tasks[: a.batch[0]], None, cfg, torch.Generator().manual_seed(0), batch_size=a.batch[0])
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(12)
     domain.close()
 
 

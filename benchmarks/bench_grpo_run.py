@@ -27,10 +27,39 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def main(argv=None) -> None:
-    from methods.cli import main as cli
+def resolve(domain: str, method: str, profile: str = "small", overrides=(), train: dict | None = None) -> dict:
+    """The pipeline's resolved job for (domain, method) on ``profile``, with ``train`` fields
+    replaced and ``overrides`` ("train.<field>=<value>" / "method_config.<field>=<value>")
+    applied, validated like the config.  Shared by the benchmarks that train."""
     from methods.core.config import resolve_job
 
+    config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    config["profile"] = profile
+    job = resolve_job(config, domain, method)
+    job["train"].update(train or {})
+    for item in overrides:
+        key, _, value = item.partition("=")
+        section, _, field = key.partition(".")
+        if section not in ("train", "method_config") or field not in job[section]:
+            raise ValueError(f"--set {item}: expected train.<field>=<value> or method_config.<field>=<value> with an existing field")
+        job[section][field] = _parse_value(value)
+    _validate(job, method)
+    return job
+
+
+def run_job(job: dict, seed: int, warmstart, extra_args=(), threads: int = 1) -> tuple[list[dict], dict]:
+    """Train ``job`` with the pipeline's own entry point (``python -m methods.cli train``) in a
+    temporary directory; returns (metrics.jsonl records, summary.json)."""
+    from methods.cli import main as cli
+
+    with tempfile.TemporaryDirectory() as out:
+        cli(["train", "--job", json.dumps(job), "--seed", str(seed), "--warmstart", str(warmstart), "--out", out, "--threads", str(threads), *extra_args])
+        recs = [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        summary = json.loads((Path(out) / "summary.json").read_text())
+    return recs, summary
+
+
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--domain", required=True)
     p.add_argument("--method", default="grpo")
@@ -40,22 +69,13 @@ def main(argv=None) -> None:
     p.add_argument("--set", nargs="*", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a resolved setting (sections: train, method_config), validated like the config")
     a = p.parse_args(argv)
-    config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
-    config["profile"] = a.profile
-    job = resolve_job(config, a.domain, a.method)
-    for item in a.set:
-        key, _, value = item.partition("=")
-        section, _, field = key.partition(".")
-        if section not in ("train", "method_config") or field not in job[section]:
-            p.error(f"--set {item}: expected train.<field>=<value> or method_config.<field>=<value> with an existing field")
-        job[section][field] = _parse_value(value)
-    _validate(job, a.method)
-    with tempfile.TemporaryDirectory() as out:
-        t0 = time.perf_counter()
-        cli(["train", "--job", json.dumps(job), "--seed", str(a.seed), "--warmstart", a.warmstart, "--out", out, "--threads", "1"])
-        wall = time.perf_counter() - t0
-        recs = [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines()]
-        summary = json.loads((Path(out) / "summary.json").read_text())
+    try:
+        job = resolve(a.domain, a.method, a.profile, a.set)
+    except ValueError as e:
+        p.error(str(e))
+    t0 = time.perf_counter()
+    recs, summary = run_job(job, a.seed, a.warmstart)
+    wall = time.perf_counter() - t0
     trains = [r for r in recs if r["kind"] == "train"]
     rollout_s = sum(r["rollout_s"] for r in trains)
     print(json.dumps({

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -27,22 +26,19 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-PARTS = ("rollout_s", "update_s", "lopd_retrieval_s", "composer_s", "teacher_s", "composer_step_s", "bank_add_s")
+from benchmarks.method_cost import LOPD_PARTS  # noqa: E402  (LOPD's timed parts, as method_cost.py reads them)
+
+PARTS = ("rollout_s", "update_s", *LOPD_PARTS)
 
 
 def run_steps(method: str, domain: str, seed: int, steps: int, profile: str, extra_args: list[str]) -> dict:
-    from methods.cli import main as cli
-    from methods.core.config import resolve_job
+    from benchmarks.bench_grpo_run import resolve, run_job
 
-    config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
-    config["profile"] = profile
-    job = resolve_job(config, domain, method)
-    per_step = job["train"]["rollouts_per_step"]
-    job["train"].update(rollout_budget=per_step * steps, eval_every=per_step * (steps + 1), eval_episodes=8, checkpoint_every=10**6)
+    per_step = resolve(domain, method, profile)["train"]["rollouts_per_step"]
+    train = {"rollout_budget": per_step * steps, "eval_every": per_step * (steps + 1), "eval_episodes": 8, "checkpoint_every": 10**6}
+    job = resolve(domain, method, profile, train=train)
     ws = ROOT / "results" / profile / "warmstart" / domain / f"seed{seed}"
-    with tempfile.TemporaryDirectory() as out:
-        cli(["train", "--job", json.dumps(job), "--seed", str(seed), "--warmstart", str(ws), "--out", out, "--threads", "1", *extra_args])
-        recs = [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    recs, _ = run_job(job, seed, ws, extra_args)
     trains = [r for r in recs if r["kind"] == "train"][1:]  # the first step warms up
     mean = {k: sum(r.get(k) or 0.0 for r in trains) / len(trains) for k in PARTS}
     return {"method": method, "domain": domain, "seed": seed, "steps_timed": len(trains), "rollouts_per_step": per_step,

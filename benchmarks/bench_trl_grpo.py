@@ -43,7 +43,6 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -66,29 +65,15 @@ UNMATCHED = [
 
 
 def _job(rollouts: int, overrides: list[str]) -> dict:
-    from benchmarks.bench_grpo_run import _parse_value
+    from benchmarks.bench_grpo_run import resolve
 
-    from methods.core.config import resolve_job
-    from methods.core.loop import TrainConfig
-    from methods.core.registry import get_method, make_config
-
-    config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
-    config["profile"] = "small"
-    job = resolve_job(config, "code", "grpo")
-    job["train"]["rollout_budget"] = rollouts
-    # no held-out evaluation is run below; keep the config valid all the same
-    job["train"]["eval_every"] = rollouts + job["train"]["rollouts_per_step"]  # no evaluation inside the timed steps
-    job["train"]["eval_episodes"] = 8
-    job["train"]["checkpoint_every"] = 10**6
-    for item in overrides:
-        key, _, value = item.partition("=")
-        section, _, field = key.partition(".")
-        if section not in ("train", "method_config") or field not in job[section]:
-            raise SystemExit(f"--set {item}: expected train.<field>=<value> or method_config.<field>=<value> with an existing field")
-        job[section][field] = _parse_value(value)  # the same parsing as bench_grpo_run.py
-    make_config(TrainConfig, job["train"], "train")
-    make_config(get_method("grpo").Config, job["method_config"], "methods.grpo")
-    return job
+    # no evaluation or checkpoint inside the timed steps (the loop still evaluates at rollout 0 and at the end)
+    train = {"rollout_budget": rollouts, "eval_episodes": 8, "checkpoint_every": 10**6}
+    train["eval_every"] = rollouts + resolve("code", "grpo")["train"]["rollouts_per_step"]
+    try:
+        return resolve("code", "grpo", "small", overrides, train)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
 
 
 def _unmatched(job: dict) -> list[str]:
@@ -141,15 +126,13 @@ def run_suite(job: dict, warmstart: Path, seed: int) -> dict:
     Timed: the loop from its start to the last training step (``wall_s`` of the last
     train record), less the 8-episode held-out evaluation the loop runs at rollout 0;
     the final evaluation and checkpoint come after it and are not counted."""
-    from methods.cli import main as cli
+    from benchmarks.bench_grpo_run import run_job
     from methods.core.loop import TrainConfig
     from methods.core.registry import get_method, make_config
 
     mcfg = make_config(get_method("grpo").Config, job["method_config"], "methods.grpo")
     cfg = make_config(TrainConfig, job["train"], "train")
-    with tempfile.TemporaryDirectory() as out:
-        cli(["train", "--job", json.dumps(job), "--seed", str(seed), "--warmstart", str(warmstart), "--out", out, "--threads", str(torch.get_num_threads())])
-        recs = [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    recs, _ = run_job(job, seed, warmstart, threads=torch.get_num_threads())
     trains = [r for r in recs if r["kind"] == "train"]
     evals_before = sum(r["eval_s"] for r in recs if r["kind"] == "eval" and r["rollouts"] == 0)
     return {

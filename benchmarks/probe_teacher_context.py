@@ -13,7 +13,10 @@ for the contexts the self-distillation methods build:
 * ``feedback_only`` -- SDPO's context for a failed rollout without one.
 
 Positive: the teacher can use that context; negative: it misleads the teacher.
-Prints one JSON line.
+``--context-check SEED`` adds the warm start's own context check
+(:func:`methods.core.warmstart.context_likelihood_check` with that seed, what
+``eval.json`` holds; ``check_*`` keys), e.g. to measure a warm start built before the
+check had its feedback and skill gains.  Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ def main(argv=None) -> None:
     p.add_argument("--tasks", type=int, default=60, help="training tasks sampled once each")
     p.add_argument("--max-failures", type=int, default=30)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--context-check", type=int, metavar="SEED", help="also run the warm start's context check with this seed")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
@@ -70,6 +74,11 @@ def main(argv=None) -> None:
         "solution_and_feedback": round(context_gain(teacher, ft, [sdpo_context(o, fb) for o, (_, fb) in zip(own, failed)]), 4),
         "feedback_only": round(context_gain(teacher, ft, [sdpo_context(None, fb) for _, fb in failed]), 4),
     }
+    if a.context_check is not None:
+        from methods.core.warmstart import context_likelihood_check
+
+        check = context_likelihood_check(model, enc, domain, 200, a.context_check)
+        out.update({f"check_{k}": round(v, 4) for k, v in check.items() if k.startswith("context_gain")})
     domain.close()
     print(json.dumps(out))
 

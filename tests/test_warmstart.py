@@ -184,8 +184,9 @@ def test_failed_attempts_fail_and_carry_the_environments_feedback(domain):
         assert fb and 1 <= len(turns) <= len(clean)
         assert [t.action for t in turns[:-1]] == [t.action for t in clean[: len(turns) - 1]] and turns[-1].action != clean[len(turns) - 1].action
         replay = domain.reset(by_id[tid].task)
-        domain.step_batch([replay], [turns[0].action]) if len(turns) == 1 else [replay.step(t.action) for t in turns]
-        assert replay.reward() < 1.0
+        for t in turns:
+            domain.step_batch([replay], [t.action])
+        assert replay.reward() < 1.0 and replay.feedback() == fb
 
 
 @pytest.mark.parametrize("kind", ["none", "feedback", "skill"])

@@ -118,7 +118,6 @@ class SelfDistillation(Method):
         self._gain_logged = state["gain_logged"]
 
 
-@torch.no_grad()
 def checked_gain(method: str, gain: float) -> float:
     """The sanity check of every privileged-context method: say so in the log when the
     context does not raise the expert actions' likelihood under the teacher (then the
@@ -129,6 +128,7 @@ def checked_gain(method: str, gain: float) -> float:
     return gain
 
 
+@torch.no_grad()
 def context_gain(teacher: Teacher, tasks: Sequence[Task], contexts: Sequence[str | None]) -> float:
     """Mean per-token log-lik of the expert's actions with the context minus without (tasks with a context).
 

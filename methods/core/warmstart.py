@@ -120,19 +120,18 @@ def _context_for(task: Task, own: Episode, by_group: dict[str, list[Episode]], r
     r = rng.random()
     if r < cfg.same_task_share:
         return format_trace(task, own.turns, with_task=False)
+    u = r - cfg.same_task_share  # P(u < x) = x for x <= 1 - same_task_share
     if cfg.feedback_share or cfg.skill_share:
-        r2 = (r - cfg.same_task_share) / max(1.0 - cfg.same_task_share, 1e-12)  # uniform on [0, 1) given r >= same_task_share
-        rest = max(1.0 - cfg.same_task_share, 1e-12)
-        if r2 < cfg.feedback_share / rest:
+        if u < cfg.feedback_share:
             return ("feedback", own)
-        if r2 < (cfg.feedback_share + cfg.skill_share) / rest:
+        if u < cfg.feedback_share + cfg.skill_share:
             others = [e for e in by_group.get(task.group_id, []) if e.task.task_id != task.task_id]
             if not others:
                 return None
             ex = rng.choice(others)
             if rng.random() < 0.5:  # a skill from a failure of that task, else from its success
                 return ("skill", ex)
-            return skill_summary([t.action for t in ex.turns], True, None, SKILL_MAX_CHARS)
+            return _success_skill(ex)
     others = [e for e in by_group.get(task.group_id, []) if e.task.task_id != task.task_id]
     if not others:
         return None
@@ -235,9 +234,16 @@ def _resolve(planned: tuple, failed: dict[str, tuple[list, str]]) -> str | None:
     hit = failed.get(ep.task.task_id)
     if kind == "feedback":
         return feedback_context(hit[1]) if hit else None
-    if hit:
-        return skill_summary([t.action for t in hit[0]], False, hit[1], SKILL_MAX_CHARS)
+    return _failure_skill(hit) if hit else _success_skill(ep)
+
+
+def _success_skill(ep: Episode) -> str:
     return skill_summary([t.action for t in ep.turns], True, None, SKILL_MAX_CHARS)
+
+
+def _failure_skill(attempt: tuple[list, str]) -> str:
+    turns, feedback = attempt
+    return skill_summary([t.action for t in turns], False, feedback, SKILL_MAX_CHARS)
 
 
 def copy_examples(encoder, corpus: Sequence[str], n: int, rng: random.Random) -> list[tuple[list[int], list[int]]]:
@@ -387,8 +393,7 @@ def _method_context_gains(model, encoder, domain, eps: Sequence[Episode], train_
     for e in eps:
         ex = rng.choice(train_by_group[e.task.group_id])
         hit = failed_train.get(ex.task.task_id) if rng.random() < 0.5 else None
-        skill = skill_summary([t.action for t in hit[0]], False, hit[1], SKILL_MAX_CHARS) if hit else skill_summary([t.action for t in ex.turns], True, None, SKILL_MAX_CHARS)
-        sk.append((e.task, skill, e.turns))
+        sk.append((e.task, _failure_skill(hit) if hit else _success_skill(ex), e.turns))
         if e.task.task_id in failed:
             none.append((e.task, None, e.turns))
             fb.append((e.task, feedback_context(failed[e.task.task_id][1]), e.turns))

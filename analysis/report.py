@@ -10,7 +10,8 @@ statistics written from those files (no number in the report is typed by hand).
         --ablations results/ablations.csv --ablations-md results/ablations.md \\
         --behaviour-md results/behaviour.md --dynamics results/lopd_dynamics.csv \\
         --figure results/figures/sample_efficiency.png --dynamics-figure results/lopd_dynamics.png \\
-        --out results/report.md
+        --teacher-check results/teacher_check.csv --teacher-check-md results/teacher_check.md \\
+        --warmstarts results/small/warmstart/*/seed*/eval.json --out results/report.md
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import pandas as pd
 
 from methods.core.provenance import git_commit, write_text_atomic
 
-from .names import display, domain_name
+from .names import display, domain_name, ordered
 
 
 def _section(md_path: str) -> str:
@@ -122,6 +123,17 @@ def headline_dynamics(dyn: pd.DataFrame) -> list[str]:
     return out
 
 
+def headline_teacher_check(tc: pd.DataFrame) -> list[str]:
+    """Issue 3's sanity check per method: does the method's own privileged context help its teacher?"""
+    per = tc.drop_duplicates(["domain", "method"])
+    out = []
+    for d in sorted(per.domain.unique()):
+        sub = per[per.domain == d].set_index("method")
+        parts = [f"{display(m)} {r.seeds_passing}/{r.n_seeds} seeds (mean {r.mean_gain:+.3f})" for m, r in sub.loc[ordered(sub.index)].iterrows()]
+        out.append(f"- {domain_name(d)}, teacher sanity check (own context helps the teacher; nats/token on the first step's tasks): " + ", ".join(parts) + ".")
+    return out
+
+
 CONTEXT_GAINS = {
     "context_gain_own_solution": "own solution (OPSD, SDFT, SDPO's sibling)",
     "context_gain_same_group": "same-group trace (retrieval)",
@@ -168,6 +180,8 @@ def build(a: argparse.Namespace) -> str:
         lines += ["", *headline_ablations(pd.read_csv(a.ablations))]
     if a.dynamics:
         lines += ["", *headline_dynamics(pd.read_csv(a.dynamics))]
+    if a.teacher_check:
+        lines += ["", *headline_teacher_check(pd.read_csv(a.teacher_check))]
     lines += ["", f"## Table 1 (`{a.table1}`)", "", _section(a.table1_md)]
     if a.figure:
         lines += ["", "## Sample efficiency (the paper's Fig. 4)", "", f"![sample efficiency]({_rel(a.figure, out)})",
@@ -177,6 +191,8 @@ def build(a: argparse.Namespace) -> str:
             lines += ["", f"## {title} (`{md}`)", "", _section(md)]
     if a.dynamics_figure:
         lines += ["", "## LOPD dynamics", "", f"![LOPD dynamics]({_rel(a.dynamics_figure, out)})"]
+    if a.teacher_check_md:
+        lines += ["", f"## Teacher sanity check (`{a.teacher_check_md}`)", "", _section(a.teacher_check_md)]
     if a.warmstarts:
         lines += ["", "## What each privileged context gives the warm start (nats/token on held-out expert actions; > 0: the teacher can use it)", "",
                   *context_gains_section(a.warmstarts)]
@@ -197,6 +213,8 @@ def main(argv=None) -> None:
     p.add_argument("--dynamics", help="lopd_dynamics.csv")
     p.add_argument("--figure", help="sample-efficiency PNG")
     p.add_argument("--dynamics-figure", help="LOPD dynamics PNG")
+    p.add_argument("--teacher-check", help="teacher_check.csv (headline)")
+    p.add_argument("--teacher-check-md", help="teacher_check.md (section)")
     p.add_argument("--warmstarts", nargs="*", default=[], help="warm-start eval.json files (context gains table)")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)

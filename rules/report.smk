@@ -71,6 +71,22 @@ rule behaviour:
         "python -m analysis.behaviour --vanilla {input.vanilla} --runs {input.runs} --out-csv {output.csv} --out-md {output.md} > {log} 2>&1"
 
 
+rule teacher_check:
+    """Issue 3's sanity check per self-distillation run: what its own privileged context gives its teacher."""
+    input:
+        runs=RUN_SUMMARIES,
+    output:
+        csv="results/teacher_check.csv",
+        md="results/teacher_check.md",
+    log:
+        "results/logs/teacher_check.log",
+    threads: 1
+    conda:
+        "../envs/suite.yaml"
+    shell:
+        "python -m analysis.teacher_check --runs {input.runs} --out-csv {output.csv} --out-md {output.md} > {log} 2>&1"
+
+
 rule report:
     """results/report.md: Table 1, figures, rollouts-to-target, probability of improvement, ablations, behaviour, dynamics."""
     input:
@@ -86,6 +102,8 @@ rule report:
         dynamics="results/lopd_dynamics.csv",
         figure="results/figures/sample_efficiency.png",
         dynamics_figure="results/lopd_dynamics.png",
+        teacher_check="results/teacher_check.csv",
+        teacher_check_md="results/teacher_check.md",
         warmstarts=VANILLA_EVALS,
     output:
         "results/report.md",
@@ -100,4 +118,5 @@ rule report:
         "python -m analysis.report --table1 {input.table1} --table1-md {input.table1_md} "
         "--targets {input.targets} --targets-md {input.targets_md} --improvement {input.improvement} --improvement-md {input.improvement_md} "
         "--ablations {input.ablations} --ablations-md {input.ablations_md} {params.behaviour} --dynamics {input.dynamics} "
-        "--figure {input.figure} --dynamics-figure {input.dynamics_figure} --warmstarts {input.warmstarts} --out {output} > {log} 2>&1"
+        "--figure {input.figure} --dynamics-figure {input.dynamics_figure} "
+        "--teacher-check {input.teacher_check} --teacher-check-md {input.teacher_check_md} --warmstarts {input.warmstarts} --out {output} > {log} 2>&1"

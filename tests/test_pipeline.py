@@ -61,10 +61,12 @@ def test_smoke_pipeline_writes_table1(tmp_path):
     res_dir = tmp_path / "results"
     for name in ("figures/sample_efficiency.png", "figures/sample_efficiency.pdf", "rollouts_to_target.csv", "improvement.csv", "behaviour.csv"):
         assert (res_dir / name).stat().st_size > 0, name
+    tc = pd.read_csv(res_dir / "teacher_check.csv")  # every text-context method logged its teacher sanity check
+    assert {"opsd", "sdpo", "sdft"} <= set(tc.method) and (tc.groupby(["domain", "method"]).size() == 2).all()
     rep = (res_dir / "report.md").read_text()
     lopd_code = df[(df.domain == "code") & (df.method == "lopd")].iloc[0]
     assert f"LOPD {lopd_code['mean']:.3f}" in rep or "best mean LOPD" in rep
-    assert "![sample efficiency](figures/sample_efficiency.png)" in rep and "## Behaviour" in rep and "P(LOPD > GRPO)" in rep
+    assert "![sample efficiency](figures/sample_efficiency.png)" in rep and "## Behaviour" in rep and "P(LOPD > GRPO)" in rep and "## Teacher sanity check" in rep
     # a second invocation has nothing to do
     again = _snakemake(tmp_path, "results/table1.csv", "results/report.md", "--config", "profile=smoke", "--dry-run")
     assert "Nothing to be done" in again.stdout + again.stderr

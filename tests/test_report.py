@@ -4,6 +4,7 @@ behaviour, the sample-efficiency figure and the report, on synthetic runs with k
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analysis import behaviour, improvement, report, rollouts_to_target, sample_efficiency
+from analysis import behaviour, improvement, report, rollouts_to_target, sample_efficiency, teacher_check
 from analysis.runs import MixedRunsError, finals
 from analysis.stats import poi_ci, probability_of_improvement
 
@@ -128,6 +129,36 @@ def test_sample_efficiency_bands_and_files(tmp_path):
     assert [p.suffix for p in written] == [".png", ".pdf"] and all(p.stat().st_size > 1000 for p in written)
 
 
+# -- teacher sanity check ----------------------------------------------------------------------
+
+def _gain(summary: str, gain: float, at_step: int = 2) -> None:
+    """Append train records to a run's metrics; the gain is logged once, at ``at_step``."""
+    m = Path(summary).parent / "metrics.jsonl"
+    recs = [{"kind": "train", "step": s, "rollouts": 32 * s, **({"teacher_context_gain": gain} if s == at_step else {})} for s in (1, 2, 3)]
+    recs.append({"kind": "train", "step": 4, "rollouts": 128, "teacher_context_gain": 99.0})  # never a second value
+    m.write_text(m.read_text() + "".join(json.dumps(r) + "\n" for r in recs))
+
+
+def test_teacher_check_reads_each_runs_first_gain_and_counts_passing_seeds(tmp_path):
+    runs = [_run(tmp_path, "tooluse", m, s, [0.1, 0.2]) for m in ("sdpo", "opsd", "grpo") for s in range(3)]
+    for p, g in zip(runs[:6], [-0.15, 0.01, -0.02, 0.03, 0.02, 0.04]):
+        _gain(p, g)
+    df = teacher_check.per_run(runs)
+    assert set(df.method) == {"sdpo", "opsd"}  # GRPO has no teacher context
+    assert df[df.method == "sdpo"].gain.tolist() == [-0.15, 0.01, -0.02] and (df.step == 2).all() and (df.rollouts == 64).all()
+    summ = teacher_check.summarize(df).set_index("method")
+    assert summ.loc["sdpo", "seeds_passing"] == 1 and summ.loc["opsd", "seeds_passing"] == 3
+    assert summ.loc["sdpo", "mean_gain"] == pytest.approx(-0.16 / 3) and summ.loc["sdpo", "min_gain"] == -0.15
+    md = teacher_check.to_markdown(df, teacher_check.summarize(df))
+    assert "| Tool use | SDPO | 0: -0.1500, 1: +0.0100, 2: -0.0200 | -0.0533 | 1/3 |" in md
+    csv, out_md = tmp_path / "tc.csv", tmp_path / "tc.md"
+    teacher_check.main(["--runs", *runs, "--out-csv", str(csv), "--out-md", str(out_md)])
+    head = report.headline_teacher_check(pd.read_csv(csv))
+    assert head == ["- Tool use, teacher sanity check (own context helps the teacher; nats/token on the first step's tasks): OPSD 3/3 seeds (mean +0.030), SDPO 1/3 seeds (mean -0.053)."]
+    teacher_check.main(["--runs", *runs[6:], "--out-csv", str(csv), "--out-md", str(out_md)])  # no self-distillation run
+    assert pd.read_csv(csv).empty and "No run logged" in out_md.read_text() and report.headline_teacher_check(pd.read_csv(csv)) == []
+
+
 def test_report_numbers_come_from_its_inputs(tmp_path):
     t1 = pd.DataFrame(
         [
@@ -140,7 +171,7 @@ def test_report_numbers_come_from_its_inputs(tmp_path):
     (tmp_path / "t1.md").write_text("# Table 1: x\n\n| a |\n")
     args = report.argparse.Namespace(
         table1=str(tmp_path / "t1.csv"), table1_md=str(tmp_path / "t1.md"), targets=None, targets_md=None, improvement=None, improvement_md=None,
-        ablations=None, ablations_md=None, behaviour_md=None, dynamics=None, figure=None, dynamics_figure=None, warmstarts=[_vanilla(tmp_path, "code", 0, 0.2, extra={"context_gain_own_solution": 0.0312})],
+        ablations=None, ablations_md=None, behaviour_md=None, dynamics=None, figure=None, dynamics_figure=None, teacher_check=None, teacher_check_md=None, warmstarts=[_vanilla(tmp_path, "code", 0, 0.2, extra={"context_gain_own_solution": 0.0312})],
         out=str(tmp_path / "report.md"),
     )
     text = report.build(args)

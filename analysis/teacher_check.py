@@ -1,0 +1,99 @@
+"""The teacher sanity check of every self-distillation run (issue 3), gathered into one table.
+
+    python -m analysis.teacher_check --runs results/small/runs/*/*/seed*/summary.json \\
+        --out-csv results/teacher_check.csv --out-md results/teacher_check.md
+
+A self-distillation teacher only has something to distil if its privileged
+context makes the right actions more likely.  Each method that hands its
+teacher a text context (OPSD, SDPO, SDFT, Skill-SD; ``methods/core/distill.py``
+and ``methods/skill_sd.py``) logs ``teacher_context_gain`` once, on the first
+training step that has contexts: the mean per-token log-likelihood of the
+expert's actions on that step's tasks with the method's own contexts minus
+without them, scored by the method's own teacher (at that step the warm start
+or a copy of it).  > 0 passes: the context helps the teacher.  A run logs a
+warning when it does not.
+
+Rows: one per run that logged the gain (other methods have no text context and
+are left out), and per (domain, method) the mean over seeds and the seeds that
+pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from .names import display, domain_name, ordered
+from .runs import write_table
+
+KEY = "teacher_context_gain"
+
+
+def first_gain(metrics: Path) -> dict | None:
+    """The first record of ``metrics.jsonl`` that carries the gain (it is logged once), or None."""
+    for line in metrics.read_text().splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            if KEY in rec:
+                return rec
+    return None
+
+
+def per_run(runs: list[str]) -> pd.DataFrame:
+    rows = []
+    for p in runs:
+        s = json.loads(Path(p).read_text())
+        rec = first_gain(Path(p).parent / "metrics.jsonl")
+        if rec is None:
+            continue
+        rows.append({"domain": s["domain"], "method": s["method"], "seed": s["seed"], "gain": float(rec[KEY]), "step": rec.get("step"), "rollouts": rec.get("rollouts")})
+    return pd.DataFrame(rows, columns=["domain", "method", "seed", "gain", "step", "rollouts"]).sort_values(["domain", "method", "seed"], ignore_index=True)
+
+
+def summarize(df: pd.DataFrame) -> pd.DataFrame:
+    cols = ["domain", "method", "mean_gain", "min_gain", "n_seeds", "seeds_passing"]
+    if df.empty:
+        return pd.DataFrame(columns=cols)
+    g = df.groupby(["domain", "method"])["gain"]
+    out = pd.DataFrame({"mean_gain": g.mean(), "min_gain": g.min(), "n_seeds": g.size(), "seeds_passing": g.apply(lambda x: int((x > 0).sum()))}).reset_index()
+    return out[cols]
+
+
+def to_markdown(df: pd.DataFrame, summary: pd.DataFrame) -> str:
+    if df.empty:
+        return "# Teacher sanity check\n\nNo run logged a teacher context gain (no self-distillation method with a text context was run).\n"
+    lines = [
+        "# Teacher sanity check: what each method's own privileged context gives its teacher",
+        "",
+        "Change of the expert actions' log-likelihood per token on the first training step's tasks, "
+        "with the method's context minus without (> 0: the teacher has something to distil).",
+        "",
+        "| domain | method | per seed | mean | seeds > 0 |",
+        "|---|---|---|---|---|",
+    ]
+    for d in sorted(summary.domain.unique()):
+        sub = summary[summary.domain == d].set_index("method")
+        for m in ordered(sub.index):
+            seeds = df[(df.domain == d) & (df.method == m)]
+            per_seed = ", ".join(f"{r.seed}: {r.gain:+.4f}" for r in seeds.itertuples())
+            r = sub.loc[m]
+            lines.append(f"| {domain_name(d)} | {display(m)} | {per_seed} | {r.mean_gain:+.4f} | {r.seeds_passing}/{r.n_seeds} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m analysis.teacher_check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", nargs="+", required=True, help="run summary.json files (their metrics.jsonl sits beside them)")
+    p.add_argument("--out-csv", required=True)
+    p.add_argument("--out-md", required=True)
+    a = p.parse_args(argv)
+    df = per_run(a.runs)
+    summary = summarize(df)
+    write_table(df.merge(summary, on=["domain", "method"]), to_markdown(df, summary), a.out_csv, a.out_md)
+
+
+if __name__ == "__main__":
+    main()

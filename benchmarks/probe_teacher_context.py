@@ -10,7 +10,12 @@ for the contexts the self-distillation methods build:
 
 * ``own_solution``  -- the task's reference solution (OPSD, SDFT; SDPO's successful sibling is alike);
 * ``solution_and_feedback`` -- SDPO's context for a failed rollout with a successful sibling;
-* ``feedback_only`` -- SDPO's context for a failed rollout without one.
+* ``feedback_only`` -- SDPO's context for a failed rollout without one;
+* ``sibling_only`` / ``sibling_and_feedback`` -- SDPO's real sibling: the policy's own
+  successful sample of the same task (``--group`` samples per task, the first success),
+  alone and with the failure's feedback, on the failed tasks that have one
+  (``sibling_tasks`` of them).  The expert solution is clean; a sibling is the
+  policy's own trace, so the two can differ.
 
 Positive: the teacher can use that context; negative: it misleads the teacher.
 ``--context-check SEED`` adds the warm start's own context check
@@ -44,13 +49,14 @@ def main(argv=None) -> None:
     from methods.core.teacher import Teacher
     from methods.core.tokenizer import ChatEncoder
     from methods.sdpo import sdpo_context
-    from tasks.base import get_domain
+    from tasks.base import format_trace, get_domain
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--domain", required=True)
     p.add_argument("--warmstart", required=True)
     p.add_argument("--tasks", type=int, default=60, help="training tasks sampled once each")
     p.add_argument("--max-failures", type=int, default=30)
+    p.add_argument("--group", type=int, default=4, help="samples per task (SDPO's G) for the sibling contexts")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--context-check", type=int, metavar="SEED", help="also run the warm start's context check with this seed")
     a = p.parse_args(argv)
@@ -63,7 +69,8 @@ def main(argv=None) -> None:
     enc = ChatEncoder(tok)
     run = RunContext(model=model, tokenizer=tok, encoder=enc, domain=domain, train_cfg=train_cfg, ledger=Ledger(1), seed=0, device=torch.device("cpu"))
     tasks = domain.tasks("train", a.tasks)
-    rollouts = run_episodes(model.eval(), enc, domain, tasks, None, train_cfg.sampling(), torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(0)
+    rollouts = run_episodes(model.eval(), enc, domain, tasks, None, train_cfg.sampling(), gen)
     failed = [(t, r.feedback) for t, r in zip(tasks, rollouts) if r.reward < 1.0 and r.feedback][: a.max_failures]
     ft = [t for t, _ in failed]
     own = [expert_trace(domain, t) for t in ft]
@@ -74,6 +81,18 @@ def main(argv=None) -> None:
         "solution_and_feedback": round(context_gain(teacher, ft, [sdpo_context(o, fb) for o, (_, fb) in zip(own, failed)]), 4),
         "feedback_only": round(context_gain(teacher, ft, [sdpo_context(None, fb) for _, fb in failed]), 4),
     }
+    if a.group > 1:  # SDPO's sibling: the first success among the task's other samples
+        more = run_episodes(model.eval(), enc, domain, [t for t in ft for _ in range(a.group - 1)], None, train_cfg.sampling(), gen)
+        sib = {}
+        for k, r in enumerate(more):
+            t = ft[k // (a.group - 1)]
+            if r.reward >= 1.0 and t.task_id not in sib:
+                sib[t.task_id] = format_trace(t, r.episode.turns, with_task=False)
+        st = [(t, fb) for t, fb in failed if t.task_id in sib]
+        out["sibling_tasks"] = len(st)
+        if st:
+            out["sibling_only"] = round(context_gain(teacher, [t for t, _ in st], [sdpo_context(sib[t.task_id], None) for t, _ in st]), 4)
+            out["sibling_and_feedback"] = round(context_gain(teacher, [t for t, _ in st], [sdpo_context(sib[t.task_id], fb) for t, fb in st]), 4)
     if a.context_check is not None:
         from methods.core.warmstart import context_likelihood_check
 

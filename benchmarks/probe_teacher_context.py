@@ -48,7 +48,7 @@ def main(argv=None) -> None:
     from methods.core.rollout import run_episodes
     from methods.core.teacher import Teacher
     from methods.core.tokenizer import ChatEncoder
-    from methods.sdpo import sdpo_context
+    from methods.core.contexts import sdpo_context
     from tasks.base import format_trace, get_domain
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -65,7 +65,7 @@ def cmd_warmstart(args) -> None:
         report = evaluate(model, ChatEncoder(tokenizer), domain, domain.tasks("test", train_cfg.eval_episodes), train_cfg.sampling(eval=True), seed=args.seed)
         report["wall_s"] = round(time.perf_counter() - t0, 2)
     else:
-        model, tokenizer, report = warm_start(domain, model_cfg, ws_cfg, train_cfg.sampling(eval=True), train_cfg.eval_episodes, args.seed)
+        model, tokenizer, report = warm_start(domain, model_cfg, ws_cfg, train_cfg.sampling(eval=True), train_cfg.eval_episodes, args.seed, train_sampling=train_cfg.sampling())
     tmp = out / "model.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     save_policy(model, tokenizer, tmp)

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tasks.base import format_trace
-
-from .core.contexts import feedback_context
+from .core.contexts import sdpo_reprompt
 from .core.distill import DistillConfig, SelfDistillation
 from .core.registry import register_method
 
@@ -43,30 +41,14 @@ class SDPOConfig(DistillConfig):
             raise ValueError("SDPO needs at least one context source (use_sibling or use_feedback)")
 
 
-def sdpo_context(sibling_trace: str | None, feedback: str | None) -> str | None:
-    """The reprompt: a successful attempt's trace and/or the feedback on this attempt."""
-    parts = []
-    if sibling_trace:
-        parts.append(sibling_trace)
-    if feedback:
-        parts.append(feedback_context(feedback))
-    return "\n\n".join(parts) or None
-
-
 @register_method("sdpo")
 class SDPO(SelfDistillation):
     Config = SDPOConfig
 
     def teacher_contexts(self, batch):
         cfg = self.cfg
-        rs, groups = batch.rollouts, batch.group_index.tolist()
-        out = []
-        for i, r in enumerate(rs):
-            sibling = None
-            if cfg.use_sibling:
-                # the first successful sibling of the group, never the rollout itself
-                j = next((j for j, g in enumerate(groups) if g == groups[i] and j != i and rs[j].reward >= cfg.success_threshold), None)
-                sibling = format_trace(rs[j].task, rs[j].episode.turns, with_task=False) if j is not None else None
-            feedback = r.feedback if cfg.use_feedback and r.reward < cfg.success_threshold else None
-            out.append(sdpo_context(sibling, feedback))
-        return out
+        members: dict[int, list[int]] = {}
+        for j, g in enumerate(batch.group_index.tolist()):
+            members.setdefault(g, []).append(j)
+        groups = batch.group_index.tolist()
+        return [sdpo_reprompt(batch.rollouts, i, members[groups[i]], cfg.success_threshold, cfg.use_sibling, cfg.use_feedback) for i in range(len(batch.rollouts))]

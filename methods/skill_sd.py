@@ -26,7 +26,7 @@ import torch
 from tasks.base import Task
 
 from .core.batch import rows_of
-from .core.contexts import SKILL_MAX_CHARS, skill_summary
+from .core.contexts import SKILL_MAX_CHARS, rollout_skill
 from .core.distill import checked_gain, context_gain
 from .core.registry import register_method
 from .core.teacher import Teacher
@@ -47,11 +47,6 @@ class SkillSDConfig(GRPOConfig):
         super().__post_init__()
         if self.sdl_weight < 0 or self.is_clip <= 0 or self.ucb_c < 0 or self.max_skill_chars < 50:
             raise ValueError("sdl_weight >= 0, is_clip > 0, ucb_c >= 0 and max_skill_chars >= 50 are required")
-
-
-def summarize(rollout, max_chars: int) -> str:
-    """A deterministic skill from one completed trajectory."""
-    return skill_summary([t.action for t in rollout.episode.turns], rollout.reward >= 1.0, rollout.feedback, max_chars)
 
 
 @dataclass
@@ -164,7 +159,7 @@ class SkillSD(GRPO):
         return pg + self.cfg.sdl_weight * sdl, metrics
 
     def after_step(self, batch):
-        added = sum(self.library.add(summarize(r, self.cfg.max_skill_chars), r.task.group_id) for r in batch.rollouts)
+        added = sum(self.library.add(rollout_skill(r, self.cfg.max_skill_chars), r.task.group_id) for r in batch.rollouts)
         return {"skills_added": added}
 
     def state_dict(self):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from tasks.base import format_trace
+
 SKILL_MAX_CHARS = 600  # Skill-SD's default skill length (SkillSDConfig.max_skill_chars)
 
 
@@ -23,3 +25,31 @@ def skill_summary(actions: Sequence[str], success: bool, feedback: str | None, m
     else:
         text = f"what failed: {(feedback or 'no feedback').strip()}\ntried:\n" + "\n".join(f"> {a}" for a in acts)
     return text[:max_chars]
+
+
+def sdpo_context(sibling_trace: str | None, feedback: str | None) -> str | None:
+    """SDPO's reprompt: a successful attempt's trace and/or the feedback on this attempt."""
+    parts = []
+    if sibling_trace:
+        parts.append(sibling_trace)
+    if feedback:
+        parts.append(feedback_context(feedback))
+    return "\n\n".join(parts) or None
+
+
+def sdpo_reprompt(rollouts: Sequence, i: int, group: Sequence[int], threshold: float = 1.0, use_sibling: bool = True, use_feedback: bool = True) -> str | None:
+    """SDPO's teacher context for ``rollouts[i]``: the trace of the first successful rollout
+    among ``group`` (indices of the same task's rollouts; never ``i`` itself) and/or, if
+    ``rollouts[i]`` failed, the environment's feedback on it.  None: no signal."""
+    sibling = None
+    if use_sibling:
+        j = next((j for j in group if j != i and rollouts[j].reward >= threshold), None)
+        sibling = format_trace(rollouts[j].task, rollouts[j].episode.turns, with_task=False) if j is not None else None
+    r = rollouts[i]
+    feedback = r.feedback if use_feedback and r.reward < threshold else None
+    return sdpo_context(sibling, feedback)
+
+
+def rollout_skill(rollout, max_chars: int) -> str:
+    """Skill-SD's skill of one completed rollout (:func:`skill_summary` of its actions)."""
+    return skill_summary([t.action for t in rollout.episode.turns], rollout.reward >= 1.0, rollout.feedback, max_chars)

@@ -28,7 +28,10 @@ from scratch has neither, so each (domain, seed) gets one cached warm start:
    project), or the task's own solution trace.  This gives the
    model the in-context ability an LLM brings from pretraining, so that every
    privileged-context teacher can use its context;
-5. score the result on the held-out split (Table 1's "Vanilla") and measure
+6. optionally (``onpolicy_steps`` > 0) a second stage on contexts built from
+   the policy's own samples, as SDPO and Skill-SD build them
+   (:mod:`methods.core.warmstart_onpolicy`);
+7. score the result on the held-out split (Table 1's "Vanilla") and measure
    whether a context block from a training task of the same group raises the
    likelihood of the expert's turns on held-out tasks (every method that uses
    experience or privileged context depends on it).
@@ -57,6 +60,7 @@ from .contexts import SKILL_MAX_CHARS, feedback_context, skill_summary
 from .policy import ModelConfig, build_policy, count_parameters
 from .rollout import SamplingConfig, trajectory_ids
 from .tokenizer import ChatEncoder, train_tokenizer
+from .warmstart_onpolicy import onpolicy_stage
 
 
 @dataclass
@@ -76,13 +80,19 @@ class WarmStartConfig:
     bucket_batches: bool = True  # draw each batch from a length-sorted pool of 16 batches (less padding)
     copy_share: float = 0.0  # share of extra synthetic "repeat: <text>" examples (a pretraining-like copy skill)
     recovery_share: float = 0.0  # share of multi-turn demonstrations with one corrupted call and the recovery from its error
+    # Item 6: a second stage on contexts built from the policy's *own* samples (0 steps: off)
+    onpolicy_steps: int = 0  # SFT steps of that stage
+    onpolicy_tasks: int = 2000  # fresh warm-start tasks, each sampled onpolicy_group times at the training temperature
+    onpolicy_group: int = 4  # SDPO's G: a failed sample's reprompt may hold a successful sibling
+    onpolicy_lr: float = 3e-4
 
     def __post_init__(self):
-        for name in ("n_demos", "steps", "batch_size", "vocab_size", "likelihood_tasks"):
+        for name in ("n_demos", "steps", "batch_size", "vocab_size", "likelihood_tasks", "onpolicy_tasks", "onpolicy_group"):
             if getattr(self, name) < 1:
                 raise ValueError(f"warmstart.{name} must be >= 1, got {getattr(self, name)}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"warmstart.warmup_steps must be >= 0, got {self.warmup_steps}")
+        for name in ("warmup_steps", "onpolicy_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"warmstart.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("context_share", "same_task_share", "feedback_share", "skill_share", "copy_share", "seen_group_share", "recovery_share"):
             if not (0.0 <= getattr(self, name) <= 1.0):
                 raise ValueError(f"warmstart.{name} must be in [0, 1], got {getattr(self, name)}")
@@ -91,8 +101,9 @@ class WarmStartConfig:
                 f"warmstart.same_task_share + feedback_share + skill_share must be <= 1 (shares of the context demonstrations), "
                 f"got {self.same_task_share} + {self.feedback_share} + {self.skill_share}"
             )
-        if not (0 < self.lr < 1):
-            raise ValueError(f"warmstart.lr must be in (0, 1), got {self.lr}")
+        for name in ("lr", "onpolicy_lr"):
+            if not (0 < getattr(self, name) < 1):
+                raise ValueError(f"warmstart.{name} must be in (0, 1), got {getattr(self, name)}")
 
 
 def expert_episodes(domain: TaskDomain, tasks: Sequence[Task]) -> list[Episode]:
@@ -404,8 +415,11 @@ def _method_context_gains(model, encoder, domain, eps: Sequence[Episode], train_
     return out
 
 
-def warm_start(domain: TaskDomain, model_cfg: ModelConfig, cfg: WarmStartConfig, sampling: SamplingConfig, eval_episodes: int, seed: int):
-    """Returns (model, tokenizer, report dict)."""
+def warm_start(domain: TaskDomain, model_cfg: ModelConfig, cfg: WarmStartConfig, sampling: SamplingConfig, eval_episodes: int, seed: int, train_sampling: SamplingConfig | None = None):
+    """Returns (model, tokenizer, report dict).  ``sampling``: the evaluation's; ``train_sampling``
+    (needed when ``cfg.onpolicy_steps``): the methods' training temperature, for item 6's samples."""
+    if cfg.onpolicy_steps and train_sampling is None:
+        raise ValueError("warmstart.onpolicy_steps > 0 needs the training sampling config (train_sampling)")
     t0 = time.perf_counter()
     rng = random.Random(f"warmstart/{seed}")
     n_seen = int(round(cfg.n_demos * cfg.seen_group_share))
@@ -428,6 +442,7 @@ def warm_start(domain: TaskDomain, model_cfg: ModelConfig, cfg: WarmStartConfig,
     print(f"[warmstart] {domain.name} seed {seed}: {len(examples)} demos, {count_parameters(model) / 1e6:.2f} M parameters, vocab {len(tokenizer)}", file=sys.stderr, flush=True)
     losses = sft(model, examples, encoder.pad_id, cfg, seed)
     t_sft = time.perf_counter() - t0 - t_demo
+    onpolicy = onpolicy_stage(model, encoder, domain, cfg, train_sampling, seed, len(demo_tasks) - n_seen) if cfg.onpolicy_steps else {}
     test_tasks = domain.tasks("test", eval_episodes)
     heldout = evaluate(model, encoder, domain, test_tasks, sampling, seed=seed)
     train_eval = evaluate(model, encoder, domain, domain.tasks("train", eval_episodes), sampling, seed=seed)
@@ -439,6 +454,7 @@ def warm_start(domain: TaskDomain, model_cfg: ModelConfig, cfg: WarmStartConfig,
         "demos_warmstart_groups": len(demo_tasks) - n_seen,
         **ctx,
         "final_nll": sum(losses[-50:]) / len(losses[-50:]),
+        **onpolicy,
         "parameters": count_parameters(model),
         "vocab_size": len(tokenizer),
         "demo_s": round(t_demo, 2),

@@ -1,0 +1,96 @@
+"""The warm start's second stage: reading contexts built from the policy's *own* samples.
+
+Stage 1 (:mod:`methods.core.warmstart`) teaches the context formats on the
+expert's traces: SDPO's feedback comes from a corrupted expert call, Skill-SD's
+skill from an expert trace.  The methods then hand their teachers contexts built
+from the *student's* samples, and on tool use those read differently (measured
+with ``benchmarks/probe_teacher_context.py`` on the policy's own failures: the
+feedback that helped on synthetic failures lowered the expert actions'
+log-likelihood on real ones, and SDPO's and Skill-SD's first-step teacher checks
+were negative).  An instruct LLM reads feedback on its own attempts from
+pretraining; the tiny policy has to be shown.
+
+This stage samples the stage-1 policy ``onpolicy_group`` times on each of
+``onpolicy_tasks`` fresh warm-start tasks (environments the methods never
+train or test on) at the training temperature, and builds, per task:
+
+* SDPO's reprompt of one failed sample with feedback
+  (:func:`methods.core.contexts.sdpo_reprompt`: its first successful sibling
+  and/or its feedback, exactly as SDPO builds it);
+* Skill-SD's skill of one sample of another task of the same group
+  (:func:`methods.core.contexts.rollout_skill`, as Skill-SD's library builds it);
+
+each followed by the *expert's* turns as the target, so a context is only ever
+a hint towards the right actions.  As many stage-1 demonstrations of further
+fresh tasks (with stage 1's context mix) are replayed beside them, and the
+policy trains ``onpolicy_steps`` more steps at ``onpolicy_lr``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import sys
+import time
+from typing import Sequence
+
+import torch
+
+from .contexts import SKILL_MAX_CHARS, rollout_skill, sdpo_reprompt
+from .rollout import SamplingConfig, run_episodes, trajectory_ids
+
+
+def onpolicy_examples(domain, encoder, rollouts: Sequence, group: int, expert: dict, rng: random.Random) -> list:
+    """Examples from ``rollouts`` (``group`` consecutive samples per task): per task, SDPO's
+    reprompt of a failed sample and a skill of a same-group task's sample, each with the
+    expert's turns of the task (``expert``: {task_id: Episode}) as the target."""
+    by_task = [list(rollouts[i : i + group]) for i in range(0, len(rollouts), group)]
+    by_group: dict[str, list] = {}
+    for rs in by_task:
+        by_group.setdefault(rs[0].task.group_id, []).extend(rs)
+    out = []
+    for rs in by_task:
+        task = rs[0].task
+        ep = expert.get(task.task_id)
+        if ep is None or ep.reward() < 1.0:
+            continue
+        failed = [i for i, r in enumerate(rs) if r.reward < 1.0 and r.feedback]
+        if failed:
+            ctx = sdpo_reprompt(rs, rng.choice(failed), range(len(rs)))
+            out.append(trajectory_ids(encoder, domain, task, ctx, ep.turns))
+        others = [r for r in by_group[task.group_id] if r.task.task_id != task.task_id]
+        if others:
+            out.append(trajectory_ids(encoder, domain, task, rollout_skill(rng.choice(others), SKILL_MAX_CHARS), ep.turns))
+    return out
+
+
+def onpolicy_stage(model, encoder, domain, cfg, sampling: SamplingConfig, seed: int, first_task: int) -> dict:
+    """Run the stage on ``model`` in place; ``first_task``: the first warm-start-split task
+    stage 1 did not use.  Returns what it did, for ``eval.json``."""
+    from .warmstart import build_examples, expert_episodes, sft  # stage 1's pieces
+
+    t0 = time.perf_counter()
+    rng = random.Random(f"onpolicy/{seed}")
+    fresh = domain.tasks("warmstart", first_task + 3 * cfg.onpolicy_tasks)[first_task:]  # sampled, then up to 2 replays per sample
+    sampled, spare = fresh[: cfg.onpolicy_tasks], fresh[cfg.onpolicy_tasks :]
+    rollouts = run_episodes(model.eval(), encoder, domain, [t for t in sampled for _ in range(cfg.onpolicy_group)], None, sampling, torch.Generator().manual_seed(seed))
+    expert = {e.task.task_id: e for e in expert_episodes(domain, sampled)}
+    examples = onpolicy_examples(domain, encoder, rollouts, cfg.onpolicy_group, expert, rng)
+    replay_eps = [e for e in expert_episodes(domain, spare[: len(examples)]) if e.reward() == 1.0]
+    replay = build_examples(domain, encoder, replay_eps, cfg, rng)
+    print(
+        f"[warmstart] on-policy stage: {len(rollouts)} samples (reward {sum(r.reward for r in rollouts) / len(rollouts):.3f}), "
+        f"{len(examples)} own-sample contexts + {len(replay)} replayed demonstrations, {cfg.onpolicy_steps} steps",
+        file=sys.stderr,
+        flush=True,
+    )
+    stage = dataclasses.replace(cfg, steps=cfg.onpolicy_steps, lr=cfg.onpolicy_lr, warmup_steps=min(cfg.warmup_steps, 20))
+    losses = sft(model, examples + replay, encoder.pad_id, stage, seed + 1)
+    return {
+        "onpolicy_samples": len(rollouts),
+        "onpolicy_sample_reward": sum(r.reward for r in rollouts) / len(rollouts),
+        "onpolicy_examples": len(examples),
+        "onpolicy_replay": len(replay),
+        "onpolicy_final_nll": sum(losses[-50:]) / len(losses[-50:]),
+        "onpolicy_s": round(time.perf_counter() - t0, 2),
+    }

@@ -15,7 +15,10 @@ for the contexts the self-distillation methods build:
   successful sample of the same task (``--group`` samples per task, the first success),
   alone and with the failure's feedback, on the failed tasks that have one
   (``sibling_tasks`` of them).  The expert solution is clean; a sibling is the
-  policy's own trace, so the two can differ.
+  policy's own trace, so the two can differ;
+* ``skill`` -- Skill-SD's skill (:func:`methods.core.contexts.rollout_skill`) of the
+  policy's own sample of another training task of the same group, as its skill library
+  holds them (``skill_tasks``: failed tasks whose group has one).
 
 Positive: the teacher can use that context; negative: it misleads the teacher.
 ``--context-check SEED`` adds the warm start's own context check
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 from pathlib import Path
 
@@ -48,7 +52,7 @@ def main(argv=None) -> None:
     from methods.core.rollout import run_episodes
     from methods.core.teacher import Teacher
     from methods.core.tokenizer import ChatEncoder
-    from methods.core.contexts import sdpo_context
+    from methods.core.contexts import SKILL_MAX_CHARS, rollout_skill, sdpo_context
     from tasks.base import format_trace, get_domain
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -81,6 +85,15 @@ def main(argv=None) -> None:
         "solution_and_feedback": round(context_gain(teacher, ft, [sdpo_context(o, fb) for o, (_, fb) in zip(own, failed)]), 4),
         "feedback_only": round(context_gain(teacher, ft, [sdpo_context(None, fb) for _, fb in failed]), 4),
     }
+    by_group: dict[str, list] = {}
+    for t, r in zip(tasks, rollouts):
+        by_group.setdefault(t.group_id, []).append(r)
+    rng = random.Random(0)
+    sk = [(t, [r for r in by_group[t.group_id] if r.task.task_id != t.task_id]) for t in ft]
+    sk = [(t, rollout_skill(rng.choice(o), SKILL_MAX_CHARS)) for t, o in sk if o]
+    out["skill_tasks"] = len(sk)
+    if sk:
+        out["skill"] = round(context_gain(teacher, [t for t, _ in sk], [c for _, c in sk]), 4)
     if a.group > 1:  # SDPO's sibling: the first success among the task's other samples
         more = run_episodes(model.eval(), enc, domain, [t for t in ft for _ in range(a.group - 1)], None, train_cfg.sampling(), gen)
         sib = {}

@@ -6,12 +6,13 @@
 A self-distillation teacher only has something to distil if its privileged
 context makes the right actions more likely.  Each method that hands its
 teacher a text context (OPSD, SDPO, SDFT, Skill-SD; ``methods/core/distill.py``
-and ``methods/skill_sd.py``) logs ``teacher_context_gain`` once, on the first
-training step that has contexts: the mean per-token log-likelihood of the
-expert's actions on that step's tasks with the method's own contexts minus
-without them, scored by the method's own teacher (at that step the warm start
-or a copy of it).  > 0 passes: the context helps the teacher.  A run logs a
-warning when it does not.
+and ``methods/skill_sd.py``) logs ``teacher_context_gain`` once: the mean
+per-token log-likelihood of the expert's actions on that step's tasks with the
+method's own contexts minus without them, scored by the method's own teacher.
+OPSD, SDPO and SDFT log it on step 1, when their teacher is still the warm start
+(a step without any context would log 0.0); Skill-SD on the first step whose
+tasks have skills in its library, after a few updates.  > 0 passes: the context
+helps the teacher.  A run logs a warning when it does not.
 
 Rows: one per run that logged the gain (other methods have no text context and
 are left out), and per (domain, method) the mean over seeds and the seeds that

@@ -3,8 +3,8 @@
     python benchmarks/probe_onpolicy_stage.py --domain tooluse \\
         --warmstart results/small/warmstart/tooluse/seed0 --out /tmp/ws_onpolicy --steps 300
 
-Runs :func:`methods.core.warmstart_onpolicy.onpolicy_stage` with the small profile's
-warm-start config (``--steps``, ``--tasks``, ``--lr`` override its ``onpolicy_*``
+Runs :func:`methods.core.warmstart_onpolicy.onpolicy_stage` with the warm start's own
+config (the job its ``eval.json`` recorded) (``--steps``, ``--tasks``, ``--lr`` override its ``onpolicy_*``
 fields) on a copy of the warm start, then measures what the pipeline's warm start
 reports: held-out reward (Table 1's Vanilla) and the context check, before and
 after.  Writes ``OUT/model`` and ``OUT/eval.json``, so that
@@ -50,7 +50,7 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     before = json.loads((Path(a.warmstart) / "eval.json").read_text())
-    job = resolve_job(yaml.safe_load((ROOT / "config" / "config.yaml").read_text()), a.domain)
+    job = before.get("job") or resolve_job(yaml.safe_load((ROOT / "config" / "config.yaml").read_text()), a.domain)  # the warm start's own settings
     cfg = make_config(WarmStartConfig, job["warmstart"], "warmstart")
     cfg = dataclasses.replace(cfg, onpolicy_steps=a.steps, **{k: v for k, v in (("onpolicy_tasks", a.tasks), ("onpolicy_lr", a.lr)) if v is not None})
     train_cfg = make_config(TrainConfig, job["train"], "train")
@@ -58,7 +58,7 @@ def main(argv=None) -> None:
     domain = get_domain(a.domain, seed=job["task_seed"], **job["domain_options"])
     model, tok = load_policy(Path(a.warmstart) / "model")
     enc = ChatEncoder(tok)
-    n_warm = cfg.n_demos - int(round(cfg.n_demos * cfg.seen_group_share))
+    n_warm = before.get("demos_warmstart_groups", cfg.n_demos - int(round(cfg.n_demos * cfg.seen_group_share)))  # stage 1's tasks
     stage = onpolicy_stage(model, enc, domain, cfg, train_cfg.sampling(), seed, n_warm)
     held = evaluate(model, enc, domain, domain.tasks("test", train_cfg.eval_episodes), train_cfg.sampling(eval=True), seed=seed)
     check = context_likelihood_check(model, enc, domain, cfg.likelihood_tasks, seed)

@@ -58,7 +58,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--domain", required=True)
     p.add_argument("--warmstart", required=True)
-    p.add_argument("--tasks", type=int, default=60, help="training tasks sampled once each")
+    p.add_argument("--tasks", type=int, default=60, help="training tasks sampled once each (failed ones --group times in all, for the sibling)")
     p.add_argument("--max-failures", type=int, default=30)
     p.add_argument("--group", type=int, default=4, help="samples per task (SDPO's G) for the sibling contexts")
     p.add_argument("--threads", type=int, default=1)

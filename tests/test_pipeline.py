@@ -61,8 +61,11 @@ def test_smoke_pipeline_writes_table1(tmp_path):
     res_dir = tmp_path / "results"
     for name in ("figures/sample_efficiency.png", "figures/sample_efficiency.pdf", "rollouts_to_target.csv", "improvement.csv", "behaviour.csv"):
         assert (res_dir / name).stat().st_size > 0, name
-    tc = pd.read_csv(res_dir / "teacher_check.csv")  # every text-context method logged its teacher sanity check
-    assert {"opsd", "sdpo", "sdft"} <= set(tc.method) and (tc.groupby(["domain", "method"]).size() == 2).all()
+    # OPSD, SDPO and SDFT log their teacher sanity check on step 1 of every run; Skill-SD only once
+    # its tasks have skills, which a 2-step smoke run may never reach
+    tc = pd.read_csv(res_dir / "teacher_check.csv")
+    n = tc.groupby(["domain", "method"]).size()
+    assert {"opsd", "sdpo", "sdft"} <= set(tc.method) and (n[n.index.get_level_values(1) != "skill_sd"] == 2).all() and (n <= 2).all()
     rep = (res_dir / "report.md").read_text()
     lopd_code = df[(df.domain == "code") & (df.method == "lopd")].iloc[0]
     assert f"LOPD {lopd_code['mean']:.3f}" in rep or "best mean LOPD" in rep

@@ -8,7 +8,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from methods.core.contexts import rollout_skill, sdpo_reprompt
 from methods.core.warmstart import WarmStartConfig, expert_episodes
 from methods.core.warmstart_onpolicy import onpolicy_examples
 from tasks.base import format_trace, get_domain
@@ -26,6 +25,13 @@ def _sample(ep, reward, feedback):
     return SimpleNamespace(task=ep.task, episode=ep, reward=reward, feedback=feedback)
 
 
+def _prompt_and_target(enc, example):
+    ids, mask = example
+    prompt = enc.decode([x for x, m in zip(ids, mask) if not m])
+    target = enc.decode([x for x, m in zip(ids, mask) if m and x != enc.eos_id])
+    return "".join(prompt.split()), "".join(target.split())
+
+
 def test_onpolicy_examples_are_the_methods_contexts_with_expert_targets(domain):
     from methods.core.tokenizer import ChatEncoder, train_tokenizer
 
@@ -33,39 +39,41 @@ def test_onpolicy_examples_are_the_methods_contexts_with_expert_targets(domain):
     eps = expert_episodes(domain, tasks)
     expert = {e.task.task_id: e for e in eps}
     enc = ChatEncoder(train_tokenizer([format_trace(e.task, e.turns) for e in eps], vocab_size=400))
-    # G = 3 samples per task; every task: success, failure with feedback, failure without
-    samples = [s for e in eps for s in (_sample(e, 1.0, ""), _sample(e, 0.0, "errors: boom"), _sample(e, 0.0, ""))]
-    rng = random.Random(0)
-    examples = onpolicy_examples(domain, enc, samples, 3, expert, rng)
-    groups = {}
-    for t in tasks:
-        groups.setdefault(t.group_id, []).append(t)
-    with_skill = sum(len(groups[t.group_id]) > 1 for t in tasks)
-    assert len(examples) == len(tasks) + with_skill  # one SDPO reprompt per task, a skill where the group has another task
-    # the contexts are the methods' own, built again with the same random draws
-    rng = random.Random(0)
+    n = len(eps)
+    # G = 3 samples per task, each with its own trace: a failure with feedback (task i's trace),
+    # a failure without (task i+1's), and a success last (task i+2's): the sibling
+    samples = []
+    for i, e in enumerate(eps):
+        samples += [
+            SimpleNamespace(task=e.task, episode=eps[i], reward=0.0, feedback="errors: boom"),
+            SimpleNamespace(task=e.task, episode=eps[(i + 1) % n], reward=0.0, feedback=""),
+            SimpleNamespace(task=e.task, episode=eps[(i + 2) % n], reward=1.0, feedback=""),
+        ]
+    examples = onpolicy_examples(domain, enc, samples, 3, expert, random.Random(0))
+    group_of = {t.task_id: t.group_id for t in tasks}
+    partners = {t.task_id: [u for u in tasks if u.group_id == t.group_id and u.task_id != t.task_id] for t in tasks}
+    assert len(examples) == n + sum(bool(p) for p in partners.values())  # one reprompt per task, a skill where the group has another task
     k = 0
     for i, t in enumerate(tasks):
-        rs = samples[3 * i : 3 * i + 3]
-        sdpo = sdpo_reprompt(rs, rng.choice([1]), range(3))
-        assert "errors: boom" in sdpo and format_trace(t, eps[i].turns, with_task=False) in sdpo  # the sibling and the feedback
-        want = [sdpo]
-        others = [s for s in samples if s.task.group_id == t.group_id and s.task.task_id != t.task_id]
-        if others:
-            skill = rollout_skill(rng.choice(others), 600)
-            assert skill.startswith(("what worked:", "what failed:"))
-            want.append(skill)
-        for ctx in want:
-            ids, mask = examples[k]
-            prompt = enc.decode([x for x, m in zip(ids, mask) if not m])
-            assert "".join(ctx.split()) in "".join(prompt.split())
-            target = enc.decode([x for x, m in zip(ids, mask) if m and x != enc.eos_id])
-            assert "".join(target.split()) == "".join("".join(u.action.split()) for u in eps[i].turns)  # the expert's turns
+        prompt, target = _prompt_and_target(enc, examples[k])
+        sibling = format_trace(t, eps[(i + 2) % n].turns, with_task=False)  # the success, never the failure itself
+        assert "".join((sibling + "\n\nfeedback on a failed attempt:\nerrors: boom").split()) in prompt
+        assert target == "".join("".join(u.action.split()) for u in eps[i].turns)  # the expert's turns of the task
+        k += 1
+        if partners[t.task_id]:
+            prompt, target = _prompt_and_target(enc, examples[k])
+            assert "context:whatfailed:" in prompt or "context:whatworked:" in prompt  # Skill-SD's skill
+            # summarised from a sample of another task of the group: its actions are one of theirs
+            others = [s for s in samples if group_of[s.task.task_id] == t.group_id and s.task.task_id != t.task_id]
+            assert any("".join(">".join([""] + [u.action for u in s.episode.turns]).split()) in prompt for s in others)
+            assert target == "".join("".join(u.action.split()) for u in eps[i].turns)
             k += 1
-    # no failed sample with feedback: no SDPO reprompt (a success alone gives SDPO nothing either)
-    only_ok = [s for e in eps[:6] for s in (_sample(e, 1.0, ""), _sample(e, 1.0, ""))]
+    # only successes: no SDPO reprompt at all, the skills remain
+    only_ok = [SimpleNamespace(task=e.task, episode=e, reward=1.0, feedback="") for e in eps[:6] for _ in range(2)]
     ex = onpolicy_examples(domain, enc, only_ok, 2, expert, random.Random(0))
-    assert all("feedback on a failed attempt" not in enc.decode(ids) for ids, _ in ex)
+    six = {e.task.task_id for e in eps[:6]}
+    assert len(ex) == sum(any(u.task_id in six for u in partners[t.task_id]) for t in tasks[:6])
+    assert all("feedbackonafailedattempt" not in _prompt_and_target(enc, x)[0] for x in ex)
 
 
 def test_onpolicy_config_bounds():
@@ -88,5 +96,16 @@ def test_warm_start_with_the_onpolicy_stage_reports_it_and_needs_the_training_sa
     _, _, report = warm_start(d, model_cfg, cfg, train_cfg.sampling(eval=True), 4, seed=0, train_sampling=train_cfg.sampling())
     d.close()
     assert report["onpolicy_samples"] == 12 and report["onpolicy_examples"] > 0 and report["onpolicy_replay"] > 0
-    _, _, plain = warm_start(get_domain("code", seed=0), model_cfg, ws_cfg, train_cfg.sampling(eval=True), 4, seed=0)
+    d = get_domain("code", seed=0)
+    _, _, plain = warm_start(d, model_cfg, ws_cfg, train_cfg.sampling(eval=True), 4, seed=0)
+    d.close()
     assert not any(k.startswith("onpolicy") for k in plain)  # off by default: stage 1 only
+
+
+def test_an_onpolicy_stage_that_is_off_leaves_the_job_unchanged():
+    from methods.core.config import resolve_job
+
+    base = {"profile": "small", "profiles": {"small": {"warmstart": {"n_demos": 100}}}}
+    assert not any(k.startswith("onpolicy") for k in resolve_job(base, "code")["warmstart"])
+    on = {"profile": "small", "profiles": {"small": {"warmstart": {"n_demos": 100, "onpolicy_steps": 5}}}}
+    assert resolve_job(on, "code")["warmstart"]["onpolicy_steps"] == 5 and "onpolicy_lr" in resolve_job(on, "code")["warmstart"]

@@ -39,6 +39,15 @@ def profile_section(config: dict[str, Any]) -> dict[str, Any]:
     return profiles[name]
 
 
+def _warmstart_job(cfg: WarmStartConfig) -> dict[str, Any]:
+    """The warm start's settings; the on-policy stage's fields only when it is on, so that a
+    stage that is off leaves the job (Snakemake's params, the runs' provenance) as it was."""
+    out = asdict(cfg)
+    if not cfg.onpolicy_steps:
+        out = {k: v for k, v in out.items() if not k.startswith("onpolicy_")}
+    return out
+
+
 def resolve_job(config: dict[str, Any], domain: str, method: str | None = None) -> dict[str, Any]:
     """The validated, fully resolved settings of one job (a warm start if ``method`` is None)."""
     from tasks.base import known_domains
@@ -53,7 +62,7 @@ def resolve_job(config: dict[str, Any], domain: str, method: str | None = None) 
         "task_seed": int(config.get("task_seed", 0)),
         "domain_options": dict(prof.get("domain_options", {})),
         "model": asdict(make_config(ModelConfig, prof.get("model"), "model")),
-        "warmstart": asdict(make_config(WarmStartConfig, prof.get("warmstart"), "warmstart")),
+        "warmstart": _warmstart_job(make_config(WarmStartConfig, prof.get("warmstart"), "warmstart")),
         "train": asdict(make_config(TrainConfig, prof.get("train"), "train")),
     }
     if method is not None:

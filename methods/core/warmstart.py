@@ -28,10 +28,10 @@ from scratch has neither, so each (domain, seed) gets one cached warm start:
    project), or the task's own solution trace.  This gives the
    model the in-context ability an LLM brings from pretraining, so that every
    privileged-context teacher can use its context;
-6. optionally (``onpolicy_steps`` > 0) a second stage on contexts built from
+5. optionally (``onpolicy_steps`` > 0) a second stage on contexts built from
    the policy's own samples, as SDPO and Skill-SD build them
    (:mod:`methods.core.warmstart_onpolicy`);
-7. score the result on the held-out split (Table 1's "Vanilla") and measure
+6. score the result on the held-out split (Table 1's "Vanilla") and measure
    whether a context block from a training task of the same group raises the
    likelihood of the expert's turns on held-out tasks (every method that uses
    experience or privileged context depends on it).
@@ -80,7 +80,7 @@ class WarmStartConfig:
     bucket_batches: bool = True  # draw each batch from a length-sorted pool of 16 batches (less padding)
     copy_share: float = 0.0  # share of extra synthetic "repeat: <text>" examples (a pretraining-like copy skill)
     recovery_share: float = 0.0  # share of multi-turn demonstrations with one corrupted call and the recovery from its error
-    # Item 6: a second stage on contexts built from the policy's *own* samples (0 steps: off)
+    # Item 5: a second stage on contexts built from the policy's *own* samples (0 steps: off)
     onpolicy_steps: int = 0  # SFT steps of that stage
     onpolicy_tasks: int = 2000  # fresh warm-start tasks, each sampled onpolicy_group times at the training temperature
     onpolicy_group: int = 4  # SDPO's G: a failed sample's reprompt may hold a successful sibling
@@ -417,7 +417,7 @@ def _method_context_gains(model, encoder, domain, eps: Sequence[Episode], train_
 
 def warm_start(domain: TaskDomain, model_cfg: ModelConfig, cfg: WarmStartConfig, sampling: SamplingConfig, eval_episodes: int, seed: int, train_sampling: SamplingConfig | None = None):
     """Returns (model, tokenizer, report dict).  ``sampling``: the evaluation's; ``train_sampling``
-    (needed when ``cfg.onpolicy_steps``): the methods' training temperature, for item 6's samples."""
+    (needed when ``cfg.onpolicy_steps``): the methods' training temperature, for item 5's samples."""
     if cfg.onpolicy_steps and train_sampling is None:
         raise ValueError("warmstart.onpolicy_steps > 0 needs the training sampling config (train_sampling)")
     t0 = time.perf_counter()

@@ -22,8 +22,10 @@ train or test on) at the training temperature, and builds, per task:
 
 each followed by the *expert's* turns as the target, so a context is only ever
 a hint towards the right actions.  As many stage-1 demonstrations of further
-fresh tasks (with stage 1's context mix) are replayed beside them, and the
-policy trains ``onpolicy_steps`` more steps at ``onpolicy_lr``.
+fresh tasks (with stage 1's context mix; stage 1's synthetic copy examples are
+not replayed) are replayed beside them, and the policy trains
+``onpolicy_steps`` more steps at ``onpolicy_lr``.  The tasks are fresh; the
+last stage-1 environment variant / project may continue into the first of them.
 """
 
 from __future__ import annotations
@@ -76,6 +78,11 @@ def onpolicy_stage(model, encoder, domain, cfg, sampling: SamplingConfig, seed: 
     rollouts = run_episodes(model.eval(), encoder, domain, [t for t in sampled for _ in range(cfg.onpolicy_group)], None, sampling, torch.Generator().manual_seed(seed))
     expert = {e.task.task_id: e for e in expert_episodes(domain, sampled)}
     examples = onpolicy_examples(domain, encoder, rollouts, cfg.onpolicy_group, expert, rng)
+    if not examples:
+        raise ValueError(
+            f"the on-policy stage found nothing to train on in {len(rollouts)} samples (no failure with feedback, no same-group task): "
+            "raise warmstart.onpolicy_tasks"
+        )
     replay_eps = [e for e in expert_episodes(domain, spare[: len(examples)]) if e.reward() == 1.0]
     replay = build_examples(domain, encoder, replay_eps, cfg, rng)
     print(

@@ -130,7 +130,7 @@ def headline_teacher_check(tc: pd.DataFrame) -> list[str]:
     for d in sorted(per.domain.unique()):
         sub = per[per.domain == d].set_index("method")
         parts = [f"{display(m)} {r.seeds_passing}/{r.n_seeds} seeds (mean {r.mean_gain:+.3f})" for m, r in sub.loc[ordered(sub.index)].iterrows()]
-        out.append(f"- {domain_name(d)}, teacher sanity check (own context helps the teacher; nats/token on the first step's tasks): " + ", ".join(parts) + ".")
+        out.append(f"- {domain_name(d)}, teacher sanity check (own context helps the teacher; nats/token, logged once per run): " + ", ".join(parts) + ".")
     return out
 
 

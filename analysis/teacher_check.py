@@ -69,7 +69,7 @@ def to_markdown(df: pd.DataFrame, summary: pd.DataFrame) -> str:
     lines = [
         "# Teacher sanity check: what each method's own privileged context gives its teacher",
         "",
-        "Change of the expert actions' log-likelihood per token on the first training step's tasks, "
+        "Change of the expert actions' log-likelihood per token on the tasks of the step it was logged (step 1; Skill-SD: its first step with skills), "
         "with the method's context minus without (> 0: the teacher has something to distil).",
         "",
         "| domain | method | per seed | mean | seeds > 0 |",

@@ -154,7 +154,7 @@ def test_teacher_check_reads_each_runs_first_gain_and_counts_passing_seeds(tmp_p
     csv, out_md = tmp_path / "tc.csv", tmp_path / "tc.md"
     teacher_check.main(["--runs", *runs, "--out-csv", str(csv), "--out-md", str(out_md)])
     head = report.headline_teacher_check(pd.read_csv(csv))
-    assert head == ["- Tool use, teacher sanity check (own context helps the teacher; nats/token on the first step's tasks): OPSD 3/3 seeds (mean +0.030), SDPO 1/3 seeds (mean -0.053)."]
+    assert head == ["- Tool use, teacher sanity check (own context helps the teacher; nats/token, logged once per run): OPSD 3/3 seeds (mean +0.030), SDPO 1/3 seeds (mean -0.053)."]
     teacher_check.main(["--runs", *runs[6:], "--out-csv", str(csv), "--out-md", str(out_md)])  # no self-distillation run
     assert pd.read_csv(csv).empty and "No run logged" in out_md.read_text() and report.headline_teacher_check(pd.read_csv(csv)) == []
 

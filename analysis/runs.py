@@ -83,15 +83,19 @@ def finals(vanilla: list[str], runs: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def run_records(summary_path: str) -> tuple[dict, list[dict]]:
+    """A run's ``summary.json`` and the records of the ``metrics.jsonl`` beside it, in order."""
+    s = json.loads(Path(summary_path).read_text())
+    lines = (Path(summary_path).parent / "metrics.jsonl").read_text().splitlines()
+    return s, [json.loads(line) for line in lines if line.strip()]
+
+
 def eval_points(runs: list[str]) -> pd.DataFrame:
     """Every held-out evaluation of every run: (domain, method, seed, rollouts, heldout_*)."""
     out = []
     for p in runs:
-        s = json.loads(Path(p).read_text())
-        for line in (Path(p).parent / "metrics.jsonl").read_text().splitlines():
-            if not line.strip():
-                continue
-            rec = json.loads(line)
+        s, recs = run_records(p)
+        for rec in recs:
             if rec.get("kind") == "eval":
                 out.append({"domain": s["domain"], "method": s["method"], "seed": s["seed"], "rollouts": rec["rollouts"], **_heldout(rec)})
     return pd.DataFrame(out)

@@ -22,32 +22,20 @@ pass.
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import pandas as pd
 
 from .names import display, domain_name, ordered
-from .runs import write_table
+from .runs import run_records, write_table
 
 KEY = "teacher_context_gain"
-
-
-def first_gain(metrics: Path) -> dict | None:
-    """The first record of ``metrics.jsonl`` that carries the gain (it is logged once), or None."""
-    for line in metrics.read_text().splitlines():
-        if line.strip():
-            rec = json.loads(line)
-            if KEY in rec:
-                return rec
-    return None
 
 
 def per_run(runs: list[str]) -> pd.DataFrame:
     rows = []
     for p in runs:
-        s = json.loads(Path(p).read_text())
-        rec = first_gain(Path(p).parent / "metrics.jsonl")
+        s, recs = run_records(p)
+        rec = next((r for r in recs if KEY in r), None)  # logged once: the first record that has it
         if rec is None:
             continue
         rows.append({"domain": s["domain"], "method": s["method"], "seed": s["seed"], "gain": float(rec[KEY]), "step": rec.get("step"), "rollouts": rec.get("rollouts")})

@@ -52,8 +52,8 @@ def main(argv=None) -> None:
     from methods.core.rollout import run_episodes
     from methods.core.teacher import Teacher
     from methods.core.tokenizer import ChatEncoder
-    from methods.core.contexts import SKILL_MAX_CHARS, rollout_skill, sdpo_context
-    from tasks.base import format_trace, get_domain
+    from methods.core.contexts import SKILL_MAX_CHARS, rollout_skill, sdpo_context, sdpo_reprompt
+    from tasks.base import get_domain
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--domain", required=True)
@@ -75,7 +75,8 @@ def main(argv=None) -> None:
     tasks = domain.tasks("train", a.tasks)
     gen = torch.Generator().manual_seed(0)
     rollouts = run_episodes(model.eval(), enc, domain, tasks, None, train_cfg.sampling(), gen)
-    failed = [(t, r.feedback) for t, r in zip(tasks, rollouts) if r.reward < 1.0 and r.feedback][: a.max_failures]
+    failed_r = [r for r in rollouts if r.reward < 1.0 and r.feedback][: a.max_failures]
+    failed = [(r.task, r.feedback) for r in failed_r]
     ft = [t for t, _ in failed]
     own = [expert_trace(domain, t) for t in ft]
     teacher = Teacher(run, "student")  # the warm start's weights
@@ -94,18 +95,16 @@ def main(argv=None) -> None:
     out["skill_tasks"] = len(sk)
     if sk:
         out["skill"] = round(context_gain(teacher, [t for t, _ in sk], [c for _, c in sk]), 4)
-    if a.group > 1:  # SDPO's sibling: the first success among the task's other samples
-        more = run_episodes(model.eval(), enc, domain, [t for t in ft for _ in range(a.group - 1)], None, train_cfg.sampling(), gen)
-        sib = {}
-        for k, r in enumerate(more):
-            t = ft[k // (a.group - 1)]
-            if r.reward >= 1.0 and t.task_id not in sib:
-                sib[t.task_id] = format_trace(t, r.episode.turns, with_task=False)
-        st = [(t, fb) for t, fb in failed if t.task_id in sib]
+    if a.group > 1:  # SDPO's reprompt with a real sibling: the failure and the task's other samples as one group
+        g = a.group - 1
+        more = run_episodes(model.eval(), enc, domain, [t for t in ft for _ in range(g)], None, train_cfg.sampling(), gen)
+        groups = [[fr, *more[k * g : (k + 1) * g]] for k, fr in enumerate(failed_r)]
+        groups = [rs for rs in groups if any(r.reward >= 1.0 for r in rs[1:])]
+        st = [rs[0].task for rs in groups]
         out["sibling_tasks"] = len(st)
         if st:
-            out["sibling_only"] = round(context_gain(teacher, [t for t, _ in st], [sdpo_context(sib[t.task_id], None) for t, _ in st]), 4)
-            out["sibling_and_feedback"] = round(context_gain(teacher, [t for t, _ in st], [sdpo_context(sib[t.task_id], fb) for t, fb in st]), 4)
+            out["sibling_only"] = round(context_gain(teacher, st, [sdpo_reprompt(rs, 0, range(len(rs)), use_feedback=False) for rs in groups]), 4)
+            out["sibling_and_feedback"] = round(context_gain(teacher, st, [sdpo_reprompt(rs, 0, range(len(rs))) for rs in groups]), 4)
     if a.context_check is not None:
         from methods.core.warmstart import context_likelihood_check
 

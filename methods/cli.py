@@ -1,6 +1,7 @@
 """Job entry points called by the Snakemake rules (and usable by hand).
 
     python -m methods.cli warmstart --job JSON --seed S --out DIR [--threads N]
+    python -m methods.cli warmstart-stage2 --job JSON --seed S --stage1 DIR --out DIR [--threads N]
     python -m methods.cli bank      --job JSON --seed S --warmstart DIR --out DIR [--threads N]
     python -m methods.cli coldstart --job JSON --seed S --warmstart DIR --bank FILE --out DIR [--threads N]
     python -m methods.cli train     --job JSON --seed S --warmstart DIR --out DIR [--bank FILE] [--composer FILE] [--threads N]
@@ -42,17 +43,33 @@ def _fingerprint(job: dict, args) -> str:
     return h.hexdigest()
 
 
+def _save_warm_start(out: Path, model, tokenizer, report: dict) -> None:
+    """model/ then eval.json (the rule's output), each replaced whole."""
+    from methods.core.policy import save_policy
+    from methods.core.provenance import write_json_atomic
+
+    tmp = out / "model.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_policy(model, tokenizer, tmp)
+    shutil.rmtree(out / "model", ignore_errors=True)
+    tmp.rename(out / "model")
+    write_json_atomic(out / "eval.json", report)
+
+
 def cmd_warmstart(args) -> None:
-    from methods.core.registry import make_config
-    from methods.core.loop import TrainConfig
-    from methods.core.policy import ModelConfig, load_policy, save_policy
-    from methods.core.provenance import provenance, write_json_atomic
-    from methods.core.warmstart import WarmStartConfig, warm_start
+    """Stage 1: expert SFT (or a checkpoint model's own evaluation).  Its job never holds the
+    on-policy stage's fields: that stage is ``warmstart-stage2``, run on this output."""
+    from methods.core.config import stage1_job
     from methods.core.evaluate import evaluate
+    from methods.core.loop import TrainConfig
+    from methods.core.policy import ModelConfig, load_policy
+    from methods.core.provenance import provenance
+    from methods.core.registry import make_config
     from methods.core.tokenizer import ChatEncoder
+    from methods.core.warmstart import WarmStartConfig, warm_start
     from tasks.base import get_domain
 
-    job = _job(args.job)
+    job = stage1_job(_job(args.job))
     out = Path(args.out)
     domain = get_domain(job["domain"], seed=job["task_seed"], **job["domain_options"])
     model_cfg = make_config(ModelConfig, job["model"], "model")
@@ -65,16 +82,57 @@ def cmd_warmstart(args) -> None:
         report = evaluate(model, ChatEncoder(tokenizer), domain, domain.tasks("test", train_cfg.eval_episodes), train_cfg.sampling(eval=True), seed=args.seed)
         report["wall_s"] = round(time.perf_counter() - t0, 2)
     else:
-        model, tokenizer, report = warm_start(domain, model_cfg, ws_cfg, train_cfg.sampling(eval=True), train_cfg.eval_episodes, args.seed, train_sampling=train_cfg.sampling())
-    tmp = out / "model.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_policy(model, tokenizer, tmp)
-    shutil.rmtree(out / "model", ignore_errors=True)
-    tmp.rename(out / "model")
+        model, tokenizer, report = warm_start(domain, model_cfg, ws_cfg, train_cfg.sampling(eval=True), train_cfg.eval_episodes, args.seed)
     report.update({"domain": job["domain"], "domain_version": domain.version, "seed": args.seed, "job": job, **provenance()})
-    write_json_atomic(out / "eval.json", report)
+    _save_warm_start(out, model, tokenizer, report)
     domain.close()
-    print(f"[warmstart] {job['domain']} seed {args.seed}: heldout_reward {report['heldout_reward']:.3f}; wrote {out / 'model'} and {out / 'eval.json'}", file=sys.stderr)
+    print(f"[warmstart] {job['domain']} seed {args.seed}: stage 1 heldout_reward {report['heldout_reward']:.3f}; wrote {out / 'model'} and {out / 'eval.json'}", file=sys.stderr)
+
+
+STAGE1_DEFINING = ("domain", "task_seed", "domain_options", "model", "warmstart")  # what stage 1's model depends on
+
+
+def cmd_warmstart_stage2(args) -> None:
+    """The warm start the methods use: stage 1's, continued by the on-policy stage when
+    ``warmstart.onpolicy_steps`` > 0, else stage 1's model and report as they are."""
+    from methods.core.config import stage1_job
+    from methods.core.loop import TrainConfig
+    from methods.core.policy import load_policy
+    from methods.core.provenance import provenance
+    from methods.core.registry import make_config
+    from methods.core.tokenizer import ChatEncoder
+    from methods.core.warmstart import WarmStartConfig
+    from methods.core.warmstart_onpolicy import continue_warm_start
+    from tasks.base import get_domain
+
+    job = _job(args.job)
+    src, out = Path(args.stage1), Path(args.out)
+    if not (src / "eval.json").exists() or not (src / "model").is_dir():
+        raise SystemExit(f"error: {src} is not a stage-1 warm start (needs eval.json and model/)")
+    stage1 = json.loads((src / "eval.json").read_text())
+    recorded, wanted = stage1.get("job") or {}, stage1_job(job)
+    differ = [k for k in STAGE1_DEFINING if recorded.get(k) != wanted.get(k)]
+    if differ or stage1.get("seed") != args.seed:
+        what = ", ".join(differ) if differ else f"seed {stage1.get('seed')} (wanted {args.seed})"
+        raise SystemExit(f"error: the stage-1 warm start {src} was built with other settings ({what}); rebuild it (snakemake rule warmstart_stage1)")
+    ws_cfg = make_config(WarmStartConfig, job["warmstart"], "warmstart")
+    model, tokenizer = load_policy(src / "model", device=args.device)
+    if not ws_cfg.onpolicy_steps:
+        report = {**stage1, "stage1_dir": str(src)}
+        print(f"[warmstart] {job['domain']} seed {args.seed}: no on-policy stage (warmstart.onpolicy_steps 0): stage 1's warm start", file=sys.stderr)
+    else:
+        train_cfg = make_config(TrainConfig, job["train"], "train")
+        domain = get_domain(job["domain"], seed=job["task_seed"], **job["domain_options"])
+        torch.manual_seed(args.seed)
+        report = continue_warm_start(model, ChatEncoder(tokenizer), domain, ws_cfg, train_cfg.sampling(eval=True), train_cfg.sampling(), train_cfg.eval_episodes, args.seed, stage1)
+        domain.close()
+        report.update({"job": job, "stage1_dir": str(src), "stage1_git": stage1.get("git"), **provenance()})
+    _save_warm_start(out, model, tokenizer, report)
+    print(
+        f"[warmstart] {job['domain']} seed {args.seed}: heldout_reward {report['heldout_reward']:.3f} (stage 1 {stage1['heldout_reward']:.3f}); "
+        f"wrote {out / 'model'} and {out / 'eval.json'}",
+        file=sys.stderr,
+    )
 
 
 def cmd_bank(args) -> None:
@@ -224,8 +282,11 @@ def main(argv=None) -> None:
     common.add_argument("--out", required=True, help="output directory")
     common.add_argument("--threads", type=int, default=1, help="torch intra-op threads (the Snakemake rule's threads:)")
     common.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
-    ws = sub.add_parser("warmstart", parents=[common], help="expert SFT warm start + its held-out score (Vanilla)")
+    ws = sub.add_parser("warmstart", parents=[common], help="warm start stage 1: expert SFT + its held-out score")
     ws.set_defaults(fn=cmd_warmstart)
+    w2 = sub.add_parser("warmstart-stage2", parents=[common], help="the warm start the methods use: stage 1's, plus the on-policy stage when warmstart.onpolicy_steps > 0")
+    w2.add_argument("--stage1", required=True, help="stage-1 warm start directory (model/, eval.json) built with the same job")
+    w2.set_defaults(fn=cmd_warmstart_stage2)
     tr = sub.add_parser("train", parents=[common], help="train one method on one domain and seed")
     tr.add_argument("--warmstart", required=True, help="warm start directory (holds model/)")
     tr.add_argument("--bank", default=None, help="seeded experience bank (bank.pt) for methods that read one")

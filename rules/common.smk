@@ -4,7 +4,7 @@ import shlex
 import sys
 
 sys.path.insert(0, workflow.basedir)
-from methods.core.config import bank_job, cold_start_key, cold_start_runs, profile_section, resolve_job, uses_bank, validate as validate_grid
+from methods.core.config import bank_job, cold_start_key, cold_start_runs, profile_section, resolve_job, stage1_job, uses_bank, validate as validate_grid
 
 validate_grid(config)  # every job's settings, before any job starts
 
@@ -17,8 +17,9 @@ ABLATION_DOMAINS = list(config.get("ablation_domains") or DOMAINS)
 OUT = f"results/{PROFILE}"
 
 
-def job_json(domain, method=None):
-    return shlex.quote(json.dumps(resolve_job(config, domain, method), sort_keys=True))
+def job_json(domain, method=None, stage1=False):
+    job = resolve_job(config, domain, method)
+    return shlex.quote(json.dumps(stage1_job(job) if stage1 else job, sort_keys=True))
 
 
 def coldstart_path(domain, method, seed):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -46,6 +47,12 @@ def test_smoke_pipeline_writes_table1(tmp_path):
     assert (rr.pre_rollouts == 32).all() and (df[df.method == "grpo"].pre_rollouts == 0).all()  # the bank seed is recorded
     assert (df.n_seeds == 2).all()
     assert (tmp_path / "results" / "table1.md").exists()
+    # the smoke profile's code warm start has the on-policy stage, its tool-use one is stage 1's
+    smoke = tmp_path / "results" / "smoke"
+    code_ws = json.loads((smoke / "warmstart" / "code" / "seed0" / "eval.json").read_text())
+    tool_ws = json.loads((smoke / "warmstart" / "tooluse" / "seed0" / "eval.json").read_text())
+    assert code_ws["onpolicy_samples"] == 8 and "stage1_heldout_reward" in code_ws and code_ws["job"]["warmstart"]["onpolicy_steps"] == 2
+    assert "onpolicy_samples" not in tool_ws and tool_ws["stage1_dir"] == "results/smoke/warmstart_stage1/tooluse/seed0"
     summary = tmp_path / "results" / "smoke" / "runs" / "code" / "grpo" / "seed0" / "summary.json"
     assert summary.exists()
     # LOPD's ablations: every variant (and LOPD itself) on the ablation domains, cold starts shared by K and J

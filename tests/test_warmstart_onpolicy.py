@@ -7,6 +7,7 @@ import random
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from methods.core.warmstart import WarmStartConfig, expert_episodes
 from methods.core.warmstart_onpolicy import onpolicy_examples
@@ -82,24 +83,61 @@ def test_onpolicy_config_bounds():
             WarmStartConfig(**bad)
 
 
-def test_warm_start_with_the_onpolicy_stage_reports_it_and_needs_the_training_sampling():
-    from dataclasses import replace
+def test_stage2_job_continues_stage1_or_passes_it_through_and_refuses_another_stage1(tmp_path):
+    """methods.cli: ``warmstart`` builds stage 1 (its job without onpolicy_*), ``warmstart-stage2``
+    continues it with the on-policy stage, or, with the stage off, hands stage 1 on unchanged."""
+    import json
+    from dataclasses import asdict
 
-    from methods.core.warmstart import warm_start
+    from methods import cli
+    from methods.core.policy import load_policy
     from tests.conftest import tiny_configs
 
     model_cfg, ws_cfg, train_cfg = tiny_configs()
-    d = get_domain("code", seed=0)
-    cfg = replace(ws_cfg, onpolicy_steps=2, onpolicy_tasks=6, onpolicy_group=2)
-    with pytest.raises(ValueError, match="train_sampling"):
-        warm_start(d, model_cfg, cfg, train_cfg.sampling(eval=True), 4, seed=0)
-    _, _, report = warm_start(d, model_cfg, cfg, train_cfg.sampling(eval=True), 4, seed=0, train_sampling=train_cfg.sampling())
-    d.close()
-    assert report["onpolicy_samples"] == 12 and report["onpolicy_examples"] > 0 and report["onpolicy_replay"] > 0
-    d = get_domain("code", seed=0)
-    _, _, plain = warm_start(d, model_cfg, ws_cfg, train_cfg.sampling(eval=True), 4, seed=0)
-    d.close()
-    assert not any(k.startswith("onpolicy") for k in plain)  # off by default: stage 1 only
+    job = {"profile": "t", "domain": "code", "task_seed": 0, "domain_options": {}, "model": asdict(model_cfg), "train": asdict(train_cfg),
+           "warmstart": {**asdict(ws_cfg), "onpolicy_steps": 2, "onpolicy_tasks": 6, "onpolicy_group": 2}}
+    off = {**job, "warmstart": {k: v for k, v in job["warmstart"].items() if not k.startswith("onpolicy_")}}
+    common = ["--seed", "0", "--threads", "1"]
+    cli.main(["warmstart", "--job", json.dumps(job), "--out", str(tmp_path / "s1"), *common])
+    s1 = json.loads((tmp_path / "s1" / "eval.json").read_text())
+    assert s1["job"] == off and not any(k.startswith(("onpolicy", "stage1")) for k in s1)  # stage 1 only, and its job says so
+
+    cli.main(["warmstart-stage2", "--job", json.dumps(job), "--stage1", str(tmp_path / "s1"), "--out", str(tmp_path / "on"), *common])
+    on = json.loads((tmp_path / "on" / "eval.json").read_text())
+    assert on["onpolicy_samples"] == 12 and on["onpolicy_examples"] > 0 and on["onpolicy_replay"] > 0 and on["job"] == job
+    assert on["stage1_heldout_reward"] == s1["heldout_reward"] and on["stage1_context_gain_own_solution"] == s1["context_gain_own_solution"]
+    assert on["demos_warmstart_groups"] == s1["demos_warmstart_groups"] and on["wall_s"] > s1["wall_s"]
+    trained = dict(load_policy(tmp_path / "on" / "model")[0].named_parameters())
+    first = dict(load_policy(tmp_path / "s1" / "model")[0].named_parameters())
+    assert any(not torch.equal(trained[k], first[k]) for k in first)  # stage 2 trained the policy
+
+    cli.main(["warmstart-stage2", "--job", json.dumps(off), "--stage1", str(tmp_path / "s1"), "--out", str(tmp_path / "off"), *common])
+    same = json.loads((tmp_path / "off" / "eval.json").read_text())
+    assert {k: v for k, v in same.items() if k != "stage1_dir"} == s1 and same["stage1_dir"] == str(tmp_path / "s1")
+    kept = dict(load_policy(tmp_path / "off" / "model")[0].named_parameters())
+    assert all(torch.equal(kept[k], first[k]) for k in first)
+
+    other = {**job, "warmstart": {**job["warmstart"], "steps": ws_cfg.steps + 1}}
+    with pytest.raises(SystemExit, match="other settings \\(warmstart\\)"):
+        cli.main(["warmstart-stage2", "--job", json.dumps(other), "--stage1", str(tmp_path / "s1"), "--out", str(tmp_path / "x"), *common])
+    with pytest.raises(SystemExit, match="seed 0 \\(wanted 1\\)"):
+        cli.main(["warmstart-stage2", "--job", json.dumps(job), "--stage1", str(tmp_path / "s1"), "--out", str(tmp_path / "x"), "--seed", "1"])
+    assert not (tmp_path / "x").exists()
+
+
+def test_continue_warm_start_needs_the_stage_on():
+    from methods.core.warmstart_onpolicy import continue_warm_start
+
+    with pytest.raises(ValueError, match="onpolicy_steps > 0"):
+        continue_warm_start(None, None, None, WarmStartConfig(), None, None, 4, 0, {})
+
+
+def test_a_checkpoint_model_has_no_onpolicy_stage():
+    from methods.core.config import resolve_job
+
+    cfg = {"profile": "p", "profiles": {"p": {"model": {"checkpoint": "/models/x"}, "warmstart": {"onpolicy_steps": 5}}}}
+    with pytest.raises(ValueError, match="model.checkpoint is its own warm start"):
+        resolve_job(cfg, "code")
 
 
 def test_an_onpolicy_stage_that_is_off_leaves_the_job_unchanged():

@@ -48,6 +48,12 @@ def _warmstart_job(cfg: WarmStartConfig) -> dict[str, Any]:
     return out
 
 
+def stage1_job(job: dict[str, Any]) -> dict[str, Any]:
+    """A warm start's job without its on-policy stage: what stage 1 is built from, so that
+    turning stage 2 on or changing it leaves stage 1's job (and its cached output) as it was."""
+    return {**job, "warmstart": {k: v for k, v in job["warmstart"].items() if not k.startswith("onpolicy_")}}
+
+
 def resolve_job(config: dict[str, Any], domain: str, method: str | None = None) -> dict[str, Any]:
     """The validated, fully resolved settings of one job (a warm start if ``method`` is None)."""
     from tasks.base import known_domains
@@ -65,6 +71,11 @@ def resolve_job(config: dict[str, Any], domain: str, method: str | None = None) 
         "warmstart": _warmstart_job(make_config(WarmStartConfig, prof.get("warmstart"), "warmstart")),
         "train": asdict(make_config(TrainConfig, prof.get("train"), "train")),
     }
+    if out["model"].get("checkpoint") and out["warmstart"].get("onpolicy_steps"):
+        raise ValueError(
+            f"{domain}: warmstart.onpolicy_steps applies to the warm starts built here (stage 1's tokenizer and expert SFT); "
+            "a model.checkpoint is its own warm start: set warmstart.onpolicy_steps to 0"
+        )
     if method is not None:
         entries = run_entries(config)
         if method not in entries:

@@ -30,7 +30,9 @@ from scratch has neither, so each (domain, seed) gets one cached warm start:
    privileged-context teacher can use its context;
 5. optionally (``onpolicy_steps`` > 0) a second stage on contexts built from
    the policy's own samples, as SDPO and Skill-SD build them
-   (:mod:`methods.core.warmstart_onpolicy`);
+   (:mod:`methods.core.warmstart_onpolicy`).  It is its own job, run on stage 1's
+   saved output (``methods.cli warmstart-stage2``; the ``warmstart`` rule after
+   ``warmstart_stage1``), so that changing it never rebuilds stage 1;
 6. score the result on the held-out split (Table 1's "Vanilla") and measure
    whether a context block from a training task of the same group raises the
    likelihood of the expert's turns on held-out tasks (every method that uses
@@ -60,7 +62,6 @@ from .contexts import SKILL_MAX_CHARS, feedback_context, skill_summary
 from .policy import ModelConfig, build_policy, count_parameters
 from .rollout import SamplingConfig, trajectory_ids
 from .tokenizer import ChatEncoder, train_tokenizer
-from .warmstart_onpolicy import onpolicy_stage
 
 
 @dataclass
@@ -415,11 +416,19 @@ def _method_context_gains(model, encoder, domain, eps: Sequence[Episode], train_
     return out
 
 
-def warm_start(domain: TaskDomain, model_cfg: ModelConfig, cfg: WarmStartConfig, sampling: SamplingConfig, eval_episodes: int, seed: int, train_sampling: SamplingConfig | None = None):
-    """Returns (model, tokenizer, report dict).  ``sampling``: the evaluation's; ``train_sampling``
-    (needed when ``cfg.onpolicy_steps``): the methods' training temperature, for item 5's samples."""
-    if cfg.onpolicy_steps and train_sampling is None:
-        raise ValueError("warmstart.onpolicy_steps > 0 needs the training sampling config (train_sampling)")
+def warm_start_eval(model, encoder: ChatEncoder, domain: TaskDomain, cfg: WarmStartConfig, sampling: SamplingConfig, eval_episodes: int, seed: int) -> dict:
+    """What a warm start reports of its policy: held-out reward (Table 1's Vanilla), the
+    training split's reward, and the context likelihood check."""
+    heldout = evaluate(model, encoder, domain, domain.tasks("test", eval_episodes), sampling, seed=seed)
+    train_eval = evaluate(model, encoder, domain, domain.tasks("train", eval_episodes), sampling, seed=seed)
+    ctx = context_likelihood_check(model, encoder, domain, cfg.likelihood_tasks, seed)
+    return {**heldout, "train_reward": train_eval["heldout_reward"], **ctx}
+
+
+def warm_start(domain: TaskDomain, model_cfg: ModelConfig, cfg: WarmStartConfig, sampling: SamplingConfig, eval_episodes: int, seed: int):
+    """Stage 1 (items 1-4): returns (model, tokenizer, report dict); ``sampling``: the
+    evaluation's.  The ``onpolicy_*`` fields are stage 2's
+    (:func:`methods.core.warmstart_onpolicy.continue_warm_start`), run on this stage's output."""
     t0 = time.perf_counter()
     rng = random.Random(f"warmstart/{seed}")
     n_seen = int(round(cfg.n_demos * cfg.seen_group_share))
@@ -442,19 +451,11 @@ def warm_start(domain: TaskDomain, model_cfg: ModelConfig, cfg: WarmStartConfig,
     print(f"[warmstart] {domain.name} seed {seed}: {len(examples)} demos, {count_parameters(model) / 1e6:.2f} M parameters, vocab {len(tokenizer)}", file=sys.stderr, flush=True)
     losses = sft(model, examples, encoder.pad_id, cfg, seed)
     t_sft = time.perf_counter() - t0 - t_demo
-    onpolicy = onpolicy_stage(model, encoder, domain, cfg, train_sampling, seed, len(demo_tasks) - n_seen) if cfg.onpolicy_steps else {}
-    test_tasks = domain.tasks("test", eval_episodes)
-    heldout = evaluate(model, encoder, domain, test_tasks, sampling, seed=seed)
-    train_eval = evaluate(model, encoder, domain, domain.tasks("train", eval_episodes), sampling, seed=seed)
-    ctx = context_likelihood_check(model, encoder, domain, cfg.likelihood_tasks, seed)
     report = {
-        **heldout,
-        "train_reward": train_eval["heldout_reward"],
+        **warm_start_eval(model, encoder, domain, cfg, sampling, eval_episodes, seed),
         "demos_seen_groups": n_seen,
         "demos_warmstart_groups": len(demo_tasks) - n_seen,
-        **ctx,
         "final_nll": sum(losses[-50:]) / len(losses[-50:]),
-        **onpolicy,
         "parameters": count_parameters(model),
         "vocab_size": len(tokenizer),
         "demo_s": round(t_demo, 2),

@@ -101,3 +101,24 @@ def onpolicy_stage(model, encoder, domain, cfg, sampling: SamplingConfig, seed: 
         "onpolicy_final_nll": sum(losses[-50:]) / len(losses[-50:]),
         "onpolicy_s": round(time.perf_counter() - t0, 2),
     }
+
+
+STAGE1_KEYS = ("heldout_reward", "train_reward", "context_gain_own_solution", "context_gain_same_group", "context_gain_other_group", "context_gain_feedback", "context_gain_skill")
+
+
+def continue_warm_start(model, encoder, domain, cfg, sampling: SamplingConfig, train_sampling: SamplingConfig, eval_episodes: int, seed: int, stage1: dict) -> dict:
+    """Stage 2 on a stage-1 warm start (``model``, trained in place; ``stage1``: its report).
+    Returns the warm start's report: stage 1's, with the evaluation redone on the result,
+    this stage's counts, stage 1's scores as ``stage1_*`` and ``wall_s`` of both stages."""
+    from .warmstart import warm_start_eval
+
+    if not cfg.onpolicy_steps:
+        raise ValueError("continue_warm_start needs warmstart.onpolicy_steps > 0 (with 0 the warm start is stage 1's)")
+    t0 = time.perf_counter()
+    stage = onpolicy_stage(model, encoder, domain, cfg, train_sampling, seed, stage1["demos_warmstart_groups"])
+    report = {k: v for k, v in stage1.items() if not k.startswith("stage1_")}
+    report.update({f"stage1_{k}": stage1[k] for k in STAGE1_KEYS if k in stage1})
+    report.update(warm_start_eval(model, encoder, domain, cfg, sampling, eval_episodes, seed))
+    report.update(stage)
+    report["wall_s"] = round(stage1.get("wall_s", 0.0) + time.perf_counter() - t0, 2)
+    return report

@@ -143,10 +143,18 @@ CONTEXT_GAINS = {
 }
 
 
+def _gain_cell(e: dict, key: str) -> str:
+    if not isinstance(e.get(key), (int, float)):
+        return "not measured"
+    before = e.get(f"stage1_{key}")
+    return f"{e[key]:+.4f}" + (f" (stage 1 {before:+.4f})" if isinstance(before, (int, float)) else "")
+
+
 def context_gains_section(evals: list[str]) -> list[str]:
     """What each kind of privileged context gives the warm start (the teacher of every
     self-distillation method): change of the expert actions' mean log-likelihood per token
-    on held-out tasks, from each warm start's ``eval.json`` (issue 3's sanity check)."""
+    on held-out tasks, from each warm start's ``eval.json`` (issue 3's sanity check); where the
+    warm start had the on-policy stage, stage 1's value follows in parentheses."""
     rows = [json.loads(Path(p).read_text()) for p in evals]
     rows.sort(key=lambda e: (e["domain"], e["seed"]))
     lines = [
@@ -154,7 +162,7 @@ def context_gains_section(evals: list[str]) -> list[str]:
         "|---|---|" + "---|" * len(CONTEXT_GAINS),
     ]
     for e in rows:
-        cells = [f"{e[k]:+.4f}" if isinstance(e.get(k), (int, float)) else "not measured" for k in CONTEXT_GAINS]
+        cells = [_gain_cell(e, k) for k in CONTEXT_GAINS]
         lines.append(f"| {domain_name(e['domain'])} | {e['seed']} | " + " | ".join(cells) + " |")
     return lines
 

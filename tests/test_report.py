@@ -171,11 +171,13 @@ def test_report_numbers_come_from_its_inputs(tmp_path):
     (tmp_path / "t1.md").write_text("# Table 1: x\n\n| a |\n")
     args = report.argparse.Namespace(
         table1=str(tmp_path / "t1.csv"), table1_md=str(tmp_path / "t1.md"), targets=None, targets_md=None, improvement=None, improvement_md=None,
-        ablations=None, ablations_md=None, behaviour_md=None, dynamics=None, figure=None, dynamics_figure=None, teacher_check=None, teacher_check_md=None, warmstarts=[_vanilla(tmp_path, "code", 0, 0.2, extra={"context_gain_own_solution": 0.0312})],
+        ablations=None, ablations_md=None, behaviour_md=None, dynamics=None, figure=None, dynamics_figure=None, teacher_check=None, teacher_check_md=None, warmstarts=[_vanilla(tmp_path, "code", 0, 0.2, extra={"context_gain_own_solution": 0.0312}),
+                    _vanilla(tmp_path, "code", 1, 0.2, extra={"context_gain_feedback": 0.0011, "stage1_context_gain_feedback": -0.0205})],
         out=str(tmp_path / "report.md"),
     )
     text = report.build(args)
     assert "| Code | 0 | +0.0312 | not measured |" in text
+    assert "| Code | 1 | not measured | not measured | not measured | +0.0011 (stage 1 -0.0205) | not measured |" in text  # after the on-policy stage, stage 1's beside it
     assert "LOPD 0.457" in text and "LOPD − GRPO = +0.207 (CIs separate, LOPD higher)" in text and "### Table 1: x" in text
     t1.loc[t1.method == "lopd", ["mean", "ci_low"]] = [0.26, 0.2]
     (tmp_path / "t1.csv").write_text(t1.to_csv(index=False))

@@ -39,19 +39,20 @@ def profile_section(config: dict[str, Any]) -> dict[str, Any]:
     return profiles[name]
 
 
+def _without_onpolicy(warmstart: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in warmstart.items() if not k.startswith("onpolicy_")}
+
+
 def _warmstart_job(cfg: WarmStartConfig) -> dict[str, Any]:
     """The warm start's settings; the on-policy stage's fields only when it is on, so that a
     stage that is off leaves the job (Snakemake's params, the runs' provenance) as it was."""
-    out = asdict(cfg)
-    if not cfg.onpolicy_steps:
-        out = {k: v for k, v in out.items() if not k.startswith("onpolicy_")}
-    return out
+    return asdict(cfg) if cfg.onpolicy_steps else _without_onpolicy(asdict(cfg))
 
 
 def stage1_job(job: dict[str, Any]) -> dict[str, Any]:
     """A warm start's job without its on-policy stage: what stage 1 is built from, so that
     turning stage 2 on or changing it leaves stage 1's job (and its cached output) as it was."""
-    return {**job, "warmstart": {k: v for k, v in job["warmstart"].items() if not k.startswith("onpolicy_")}}
+    return {**job, "warmstart": _without_onpolicy(job["warmstart"])}
 
 
 def resolve_job(config: dict[str, Any], domain: str, method: str | None = None) -> dict[str, Any]:

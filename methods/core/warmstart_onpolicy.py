@@ -116,8 +116,7 @@ def continue_warm_start(model, encoder, domain, cfg, sampling: SamplingConfig, t
         raise ValueError("continue_warm_start needs warmstart.onpolicy_steps > 0 (with 0 the warm start is stage 1's)")
     t0 = time.perf_counter()
     stage = onpolicy_stage(model, encoder, domain, cfg, train_sampling, seed, stage1["demos_warmstart_groups"])
-    report = {k: v for k, v in stage1.items() if not k.startswith("stage1_")}
-    report.update({f"stage1_{k}": stage1[k] for k in STAGE1_KEYS if k in stage1})
+    report = {**stage1, **{f"stage1_{k}": stage1[k] for k in STAGE1_KEYS if k in stage1}}
     report.update(warm_start_eval(model, encoder, domain, cfg, sampling, eval_episodes, seed))
     report.update(stage)
     report["wall_s"] = round(stage1.get("wall_s", 0.0) + time.perf_counter() - t0, 2)

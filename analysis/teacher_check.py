@@ -16,7 +16,9 @@ helps the teacher.  A run logs a warning when it does not.
 
 Rows: one per run that logged the gain (other methods have no text context and
 are left out), and per (domain, method) the mean over seeds and the seeds that
-pass.
+pass.  SDPO builds two kinds of context, a successful sibling's trace (with the
+feedback when the rollout failed) or the feedback alone, and logs the gain of
+each as well: a second table splits its gain by kind.
 """
 
 from __future__ import annotations
@@ -32,14 +34,27 @@ KEY = "teacher_context_gain"
 
 
 def per_run(runs: list[str]) -> pd.DataFrame:
-    rows = []
+    """One row per run that logged the gain; a run that split it by context kind (SDPO) also
+    fills ``gain_<kind>`` and ``pairs_<kind>`` (the distinct task-context pairs scored)."""
+    rows, kinds = [], set()
     for p in runs:
         s, recs = run_records(p)
         rec = next((r for r in recs if KEY in r), None)  # logged once: the first record that has it
         if rec is None:
             continue
-        rows.append({"domain": s["domain"], "method": s["method"], "seed": s["seed"], "gain": float(rec[KEY]), "step": rec.get("step"), "rollouts": rec.get("rollouts")})
-    return pd.DataFrame(rows, columns=["domain", "method", "seed", "gain", "step", "rollouts"]).sort_values(["domain", "method", "seed"], ignore_index=True)
+        row = {"domain": s["domain"], "method": s["method"], "seed": s["seed"], "gain": float(rec[KEY]), "step": rec.get("step"), "rollouts": rec.get("rollouts")}
+        for k, v in rec.items():
+            if k.startswith(KEY + "_"):
+                kind = k[len(KEY) + 1 :]
+                kinds.add(kind)
+                row[f"gain_{kind}"], row[f"pairs_{kind}"] = float(v), rec.get(f"teacher_context_pairs_{kind}")
+        rows.append(row)
+    cols = ["domain", "method", "seed", "gain", "step", "rollouts", *(c for k in sorted(kinds) for c in (f"gain_{k}", f"pairs_{k}"))]
+    return pd.DataFrame(rows, columns=cols).sort_values(["domain", "method", "seed"], ignore_index=True)
+
+
+def kinds_of(df: pd.DataFrame) -> list[str]:
+    return [c[len("gain_") :] for c in df.columns if c.startswith("gain_")]
 
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
@@ -70,7 +85,25 @@ def to_markdown(df: pd.DataFrame, summary: pd.DataFrame) -> str:
             per_seed = ", ".join(f"{r.seed}: {r.gain:+.4f}" for r in seeds.itertuples())
             r = sub.loc[m]
             lines.append(f"| {domain_name(d)} | {display(m)} | {per_seed} | {r.mean_gain:+.4f} | {r.seeds_passing}/{r.n_seeds} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + by_kind_markdown(df)) + "\n"
+
+
+def by_kind_markdown(df: pd.DataFrame) -> list[str]:
+    """The same gain split by what the context is made of, for the runs that logged it."""
+    kinds = kinds_of(df)
+    if not kinds:
+        return []
+    lines = ["", "By kind of context (a method that builds several kinds; pairs: distinct task-context pairs of that step scored):", "",
+             "| domain | method | kind | per seed (pairs) | mean | seeds > 0 |", "|---|---|---|---|---|---|"]
+    for (d, m), sub in df.groupby(["domain", "method"], sort=False):
+        for k in kinds:
+            seeds = sub.dropna(subset=[f"gain_{k}"])
+            if seeds.empty:
+                continue
+            per_seed = ", ".join(f"{r.seed}: {getattr(r, 'gain_' + k):+.4f} ({int(getattr(r, 'pairs_' + k))})" for r in seeds.itertuples())
+            g = seeds[f"gain_{k}"]
+            lines.append(f"| {domain_name(d)} | {display(m)} | {k.replace('_', ' ')} | {per_seed} | {g.mean():+.4f} | {int((g > 0).sum())}/{len(g)} |")
+    return lines
 
 
 def main(argv=None) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .core.contexts import sdpo_reprompt
+from .core.contexts import sdpo_context, sdpo_kind, sdpo_parts
 from .core.distill import DistillConfig, SelfDistillation
 from .core.registry import register_method
 
@@ -45,10 +45,14 @@ class SDPOConfig(DistillConfig):
 class SDPO(SelfDistillation):
     Config = SDPOConfig
 
-    def teacher_contexts(self, batch):
+    def teacher_contexts_and_kinds(self, batch):
         cfg = self.cfg
         members: dict[int, list[int]] = {}
         for j, g in enumerate(batch.group_index.tolist()):
             members.setdefault(g, []).append(j)
         groups = batch.group_index.tolist()
-        return [sdpo_reprompt(batch.rollouts, i, members[groups[i]], cfg.success_threshold, cfg.use_sibling, cfg.use_feedback) for i in range(len(batch.rollouts))]
+        parts = [sdpo_parts(batch.rollouts, i, members[groups[i]], cfg.success_threshold, cfg.use_sibling, cfg.use_feedback) for i in range(len(batch.rollouts))]
+        return [sdpo_context(*p) for p in parts], [sdpo_kind(*p) for p in parts]
+
+    def teacher_contexts(self, batch):
+        return self.teacher_contexts_and_kinds(batch)[0]

@@ -116,6 +116,31 @@ def test_sdpo_context_uses_a_successful_sibling_never_itself_and_feedback(warmst
     assert ctx[3] is not None and "feedback" not in ctx[3]  # failure without feedback: the sibling still teaches
     lone = _collate(rs[:1], [0], run.encoder.pad_id)
     assert method.teacher_contexts(lone) == [None]  # a lone success: neither source, no signal
+    # the kinds that split the sanity check
+    fail_alone = _collate([rs[1]], [0], run.encoder.pad_id)
+    assert method.teacher_contexts_and_kinds(b) == (ctx, ["sibling"] * 4)
+    assert method.teacher_contexts_and_kinds(fail_alone)[1] == ["feedback_only"] and method.teacher_contexts_and_kinds(lone)[1] == [None]
+
+
+def test_gain_record_scores_each_task_context_pair_once_and_splits_by_kind(warmstarts):
+    from methods.core.distill import context_gain, expert_trace, gain_record
+
+    run = _run(warmstarts["code"][0], "code")
+    teacher = Teacher(run, "student")
+    rs = _rollouts(run, 3)
+    ctx = [expert_trace(run.domain, r.task) for r in rs[:2]] + ["feedback on a failed attempt:\nwrong"]
+    kinds = ["sibling", "sibling", "feedback_only"]
+    rec = gain_record(teacher, rs, ctx, kinds)
+    tasks = [r.task for r in rs]
+    assert rec["teacher_context_gain"] == pytest.approx(context_gain(teacher, tasks, ctx), abs=1e-9) and rec["teacher_context_pairs"] == 3
+    assert rec["teacher_context_gain_sibling"] == pytest.approx(context_gain(teacher, tasks[:2], ctx[:2]), abs=1e-9) and rec["teacher_context_pairs_sibling"] == 2
+    assert rec["teacher_context_gain_feedback_only"] == pytest.approx(context_gain(teacher, tasks[2:], ctx[2:]), abs=1e-9)
+    # the same task-context pair twice (a task's rollouts sharing one context) is scored once; no context is skipped
+    again = gain_record(teacher, rs + rs + rs[:1], ctx + ctx + [None])
+    assert again == {"teacher_context_gain": pytest.approx(rec["teacher_context_gain"], abs=1e-9), "teacher_context_pairs": 3}
+    # one task with two different contexts is two pairs
+    two = gain_record(teacher, [rs[0], rs[0]], [ctx[0], ctx[2]])
+    assert two["teacher_context_pairs"] == 2 and two["teacher_context_gain"] == pytest.approx(context_gain(teacher, [tasks[0]] * 2, [ctx[0], ctx[2]]), abs=1e-9)
 
 
 def test_skill_library_ucb1_and_summaries():

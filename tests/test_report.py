@@ -131,10 +131,10 @@ def test_sample_efficiency_bands_and_files(tmp_path):
 
 # -- teacher sanity check ----------------------------------------------------------------------
 
-def _gain(summary: str, gain: float, at_step: int = 2) -> None:
-    """Append train records to a run's metrics; the gain is logged once, at ``at_step``."""
+def _gain(summary: str, gain: float, at_step: int = 2, extra: dict | None = None) -> None:
+    """Append train records to a run's metrics; the gain (and ``extra``) is logged once, at ``at_step``."""
     m = Path(summary).parent / "metrics.jsonl"
-    recs = [{"kind": "train", "step": s, "rollouts": 32 * s, **({"teacher_context_gain": gain} if s == at_step else {})} for s in (1, 2, 3)]
+    recs = [{"kind": "train", "step": s, "rollouts": 32 * s, **({"teacher_context_gain": gain, **(extra or {})} if s == at_step else {})} for s in (1, 2, 3)]
     recs.append({"kind": "train", "step": 4, "rollouts": 128, "teacher_context_gain": 99.0})  # never a second value
     m.write_text(m.read_text() + "".join(json.dumps(r) + "\n" for r in recs))
 
@@ -155,8 +155,25 @@ def test_teacher_check_reads_each_runs_first_gain_and_counts_passing_seeds(tmp_p
     teacher_check.main(["--runs", *runs, "--out-csv", str(csv), "--out-md", str(out_md)])
     head = report.headline_teacher_check(pd.read_csv(csv))
     assert head == ["- Tool use, teacher sanity check (own context helps the teacher; nats/token, logged once per run): OPSD 3/3 seeds (mean +0.030), SDPO 1/3 seeds (mean -0.053)."]
+    assert "By kind" not in out_md.read_text() and teacher_check.kinds_of(pd.read_csv(csv)) == []
     teacher_check.main(["--runs", *runs[6:], "--out-csv", str(csv), "--out-md", str(out_md)])  # no self-distillation run
     assert pd.read_csv(csv).empty and "No run logged" in out_md.read_text() and report.headline_teacher_check(pd.read_csv(csv)) == []
+
+
+def test_teacher_check_splits_the_gain_by_kind_where_a_run_logged_it(tmp_path):
+    runs = [_run(tmp_path, "code", m, s, [0.1, 0.2]) for m in ("sdpo", "opsd") for s in range(2)]
+    kinds = [(0.02, 3, -0.01, 9), (0.04, 1, 0.002, 11)]
+    for p, (gs, ns, gf, nf) in zip(runs[:2], kinds):
+        _gain(p, 0.0, extra={"teacher_context_gain_sibling": gs, "teacher_context_pairs_sibling": ns, "teacher_context_gain_feedback_only": gf, "teacher_context_pairs_feedback_only": nf})
+    for p in runs[2:]:
+        _gain(p, 0.03)
+    df = teacher_check.per_run(runs)
+    assert teacher_check.kinds_of(df) == ["feedback_only", "sibling"]
+    assert df[df.method == "sdpo"].gain_sibling.tolist() == [0.02, 0.04] and df[df.method == "opsd"].gain_sibling.isna().all()
+    md = teacher_check.to_markdown(df, teacher_check.summarize(df))
+    assert "| Code | SDPO | sibling | 0: +0.0200 (3), 1: +0.0400 (1) | +0.0300 | 2/2 |" in md
+    assert "| Code | SDPO | feedback only | 0: -0.0100 (9), 1: +0.0020 (11) | -0.0040 | 1/2 |" in md
+    assert "| Code | OPSD | sibling" not in md
 
 
 def test_report_numbers_come_from_its_inputs(tmp_path):

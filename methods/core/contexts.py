@@ -37,17 +37,28 @@ def sdpo_context(sibling_trace: str | None, feedback: str | None) -> str | None:
     return "\n\n".join(parts) or None
 
 
-def sdpo_reprompt(rollouts: Sequence, i: int, group: Sequence[int], threshold: float = 1.0, use_sibling: bool = True, use_feedback: bool = True) -> str | None:
-    """SDPO's teacher context for ``rollouts[i]``: the trace of the first successful rollout
-    among ``group`` (indices of the same task's rollouts; never ``i`` itself) and/or, if
-    ``rollouts[i]`` failed, the environment's feedback on it.  None: no signal."""
+def sdpo_parts(rollouts: Sequence, i: int, group: Sequence[int], threshold: float = 1.0, use_sibling: bool = True, use_feedback: bool = True) -> tuple[str | None, str | None]:
+    """The two parts of SDPO's teacher context for ``rollouts[i]``: the trace of the first
+    successful rollout among ``group`` (indices of the same task's rollouts; never ``i``
+    itself), and, if ``rollouts[i]`` failed, the environment's feedback on it (None: absent)."""
     sibling = None
     if use_sibling:
         j = next((j for j in group if j != i and rollouts[j].reward >= threshold), None)
         sibling = format_trace(rollouts[j].task, rollouts[j].episode.turns, with_task=False) if j is not None else None
     r = rollouts[i]
     feedback = r.feedback if use_feedback and r.reward < threshold else None
-    return sdpo_context(sibling, feedback)
+    return sibling, feedback
+
+
+def sdpo_reprompt(rollouts: Sequence, i: int, group: Sequence[int], threshold: float = 1.0, use_sibling: bool = True, use_feedback: bool = True) -> str | None:
+    """SDPO's teacher context for ``rollouts[i]`` (:func:`sdpo_parts` joined by :func:`sdpo_context`).  None: no signal."""
+    return sdpo_context(*sdpo_parts(rollouts, i, group, threshold, use_sibling, use_feedback))
+
+
+def sdpo_kind(sibling: str | None, feedback: str | None) -> str | None:
+    """What an SDPO context is made of: ``sibling`` (a successful sibling's trace, with the
+    feedback when the rollout failed), ``feedback_only``, or None (no context)."""
+    return "sibling" if sibling else "feedback_only" if feedback else None
 
 
 def rollout_skill(rollout, max_chars: int) -> str:

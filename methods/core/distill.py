@@ -13,8 +13,10 @@ context is; a rollout whose context is None gets no signal.
 At its first step a run also measures what the teacher can give
 (``teacher_context_gain``, logged once): the mean per-token log-likelihood of
 the scripted expert's actions on that step's tasks under the teacher with the
-method's context minus without it.  Near zero or negative means the warm start
-cannot read that context, and the method has nothing to distil.
+method's contexts (each distinct task-context pair of the step once) minus
+without them; a method that builds several kinds of context (SDPO) also logs it
+per kind.  Near zero or negative means the warm start cannot read that
+context, and the method has nothing to distil.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from .registry import Method, MethodConfig
 from .teacher import WEIGHT_SOURCES, Teacher
 from .warmstart import mean_agent_logprob
 
-__all__ = ["DistillConfig", "SelfDistillation"]
+__all__ = ["DistillConfig", "SelfDistillation", "context_gain", "gain_record"]
 
 
 @dataclass
@@ -75,6 +77,12 @@ class SelfDistillation(Method):
     def teacher_contexts(self, batch: RolloutBatch) -> list[str | None]:
         raise NotImplementedError
 
+    def teacher_contexts_and_kinds(self, batch: RolloutBatch) -> tuple[list[str | None], list[str | None] | None]:
+        """The contexts, and what each is made of when a method builds more than one kind
+        (SDPO: a sibling or feedback only; None: one kind).  The kinds only split the logged
+        sanity check."""
+        return self.teacher_contexts(batch), None
+
     def expert_contexts(self, batch: RolloutBatch) -> list[str | None]:
         """Each rollout's task's reference solution / demonstration (:func:`expert_trace`, cached per task)."""
         for r in batch.rollouts:
@@ -83,7 +91,7 @@ class SelfDistillation(Method):
         return [self._expert[r.task.task_id] for r in batch.rollouts]
 
     def prepare(self, batch: RolloutBatch) -> dict[str, float]:
-        contexts = self.teacher_contexts(batch)
+        contexts, kinds = self.teacher_contexts_and_kinds(batch)
         scores = self.teacher.score(batch.rollouts, contexts, self.run.train_cfg.temperature)
         batch.extras["teacher_logits"] = scores
         signal = torch.tensor([s is not None and c is not None for s, c in zip(scores, contexts)], device=batch.rewards.device)
@@ -91,9 +99,8 @@ class SelfDistillation(Method):
         out = {"signal_share": float(signal.float().mean())}
         if not self._gain_logged:
             self._gain_logged = True
-            tasks = list({r.task.task_id: r.task for r in batch.rollouts}.values())
-            ctx = {r.task.task_id: c for r, c in zip(batch.rollouts, contexts)}
-            out["teacher_context_gain"] = checked_gain(self.name, context_gain(self.teacher, tasks, [ctx[t.task_id] for t in tasks]))
+            out.update(gain_record(self.teacher, batch.rollouts, contexts, kinds))
+            out["teacher_context_gain"] = checked_gain(self.name, out["teacher_context_gain"])
         return out
 
     def trainable_rows(self, batch: RolloutBatch) -> torch.Tensor:
@@ -126,6 +133,26 @@ def checked_gain(method: str, gain: float) -> float:
         print(f"[{method}] warning: the teacher's privileged context changes the expert actions' log-likelihood by {gain:+.4f} nats/token "
               "(<= 0): the warm start cannot use this context, so distillation has little to give", file=sys.stderr, flush=True)
     return gain
+
+
+def gain_record(teacher: Teacher, rollouts: Sequence, contexts: Sequence[str | None], kinds: Sequence[str | None] | None = None) -> dict[str, float]:
+    """The sanity check on a step's own contexts: :func:`context_gain` over the distinct
+    (task, context) pairs of ``rollouts`` (``teacher_context_gain``, ``teacher_context_pairs``)
+    and, given each context's kind, the same per kind (``teacher_context_gain_<kind>``,
+    ``teacher_context_pairs_<kind>``).  A method whose contexts are one per task scores
+    each task once."""
+
+    def pairs(sel):
+        uniq = {(r.task.task_id, c): r.task for r, c in sel if c is not None}
+        return [t for t in uniq.values()], [c for _, c in uniq]
+
+    tasks, ctxs = pairs(zip(rollouts, contexts))
+    out = {"teacher_context_gain": context_gain(teacher, tasks, ctxs), "teacher_context_pairs": len(tasks)}
+    for kind in sorted({k for k in kinds or () if k is not None}):
+        tasks, ctxs = pairs((r, c) for r, c, k in zip(rollouts, contexts, kinds) if k == kind)
+        out[f"teacher_context_gain_{kind}"] = context_gain(teacher, tasks, ctxs)
+        out[f"teacher_context_pairs_{kind}"] = len(tasks)
+    return out
 
 
 @torch.no_grad()

@@ -27,7 +27,7 @@ from tasks.base import Task
 
 from .core.batch import rows_of
 from .core.contexts import SKILL_MAX_CHARS, rollout_skill
-from .core.distill import checked_gain, context_gain
+from .core.distill import checked_gain, gain_record
 from .core.registry import register_method
 from .core.teacher import Teacher
 from .divergences import sampled_token_reverse_kl, token_mean
@@ -126,11 +126,10 @@ class SkillSD(GRPO):
                 rewards = [r.reward for r in batch.rollouts if r.task.task_id == task_id]
                 self.library.record(idx, sum(rewards) / len(rewards))
         out.update({"skill_share": float(batch.extras["has_skill"].float().mean()), "skills": len(self.library.skills)})
-        with_skill = [(r.task, c) for r, c in zip(batch.rollouts, contexts) if c is not None]
-        if with_skill and not self._gain_logged:  # the first step whose tasks have skills (the library starts empty)
+        if any(c is not None for c in contexts) and not self._gain_logged:  # the first step whose tasks have skills (the library starts empty)
             self._gain_logged = True
-            by_task = {t.task_id: (t, c) for t, c in with_skill}
-            out["teacher_context_gain"] = checked_gain(self.name, context_gain(self.teacher, [t for t, _ in by_task.values()], [c for _, c in by_task.values()]))
+            out.update(gain_record(self.teacher, batch.rollouts, contexts))
+            out["teacher_context_gain"] = checked_gain(self.name, out["teacher_context_gain"])
         return out
 
     def trainable_rows(self, batch):

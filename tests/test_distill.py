@@ -137,10 +137,32 @@ def test_gain_record_scores_each_task_context_pair_once_and_splits_by_kind(warms
     assert rec["teacher_context_gain_feedback_only"] == pytest.approx(context_gain(teacher, tasks[2:], ctx[2:]), abs=1e-9)
     # the same task-context pair twice (a task's rollouts sharing one context) is scored once; no context is skipped
     again = gain_record(teacher, rs + rs + rs[:1], ctx + ctx + [None])
-    assert again == {"teacher_context_gain": pytest.approx(rec["teacher_context_gain"], abs=1e-9), "teacher_context_pairs": 3}
+    assert again["teacher_context_gain"] == pytest.approx(rec["teacher_context_gain"], abs=1e-9) and again["teacher_context_pairs"] == 3
+    assert not any(k.startswith("teacher_context_gain_") for k in again)  # no kinds given, no split
     # one task with two different contexts is two pairs
     two = gain_record(teacher, [rs[0], rs[0]], [ctx[0], ctx[2]])
     assert two["teacher_context_pairs"] == 2 and two["teacher_context_gain"] == pytest.approx(context_gain(teacher, [tasks[0]] * 2, [ctx[0], ctx[2]]), abs=1e-9)
+
+
+def test_failed_attempt_shift_scores_the_students_own_failed_actions(warmstarts):
+    import dataclasses
+
+    from methods.core.distill import expert_trace, failed_attempt_shift, gain_record
+    from methods.core.warmstart import mean_agent_logprob
+
+    run = _run(warmstarts["code"][0], "code")
+    teacher = Teacher(run, "student")
+    rs = [dataclasses.replace(r, reward=rw) for r, rw in zip(_rollouts(run, 3), [0.0, 0.5, 1.0])]  # two failures, one success
+    ctx = [expert_trace(run.domain, r.task) for r in rs]
+    items = [(r.task, c, r.episode.turns) for r, c in zip(rs[:2], ctx[:2])]
+    with torch.no_grad():
+        expected = mean_agent_logprob(run.model, run.encoder, run.domain, items) - mean_agent_logprob(run.model, run.encoder, run.domain, [(t, None, tu) for t, _, tu in items])
+    shift = failed_attempt_shift(teacher, rs, ctx)
+    assert shift["teacher_failed_attempts"] == 2 and shift["teacher_failed_shift"] == pytest.approx(expected, abs=1e-6)
+    assert failed_attempt_shift(teacher, rs, [None, None, ctx[2]]) == {}  # the success does not count; no context, nothing to score
+    rec = gain_record(teacher, rs, ctx, ["a", "b", "b"])
+    assert rec["teacher_failed_shift"] == shift["teacher_failed_shift"] and rec["teacher_failed_attempts"] == 2
+    assert rec["teacher_failed_attempts_a"] == 1 and rec["teacher_failed_attempts_b"] == 1  # per kind: b's success is left out
 
 
 def test_skill_library_ucb1_and_summaries():

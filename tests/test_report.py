@@ -150,7 +150,7 @@ def test_teacher_check_reads_each_runs_first_gain_and_counts_passing_seeds(tmp_p
     assert summ.loc["sdpo", "seeds_passing"] == 1 and summ.loc["opsd", "seeds_passing"] == 3
     assert summ.loc["sdpo", "mean_gain"] == pytest.approx(-0.16 / 3) and summ.loc["sdpo", "min_gain"] == -0.15
     md = teacher_check.to_markdown(df, teacher_check.summarize(df))
-    assert "| Tool use | SDPO | 0: -0.1500, 1: +0.0100, 2: -0.0200 | -0.0533 | 1/3 |" in md
+    assert "| Tool use | SDPO | 0: -0.1500, 1: +0.0100, 2: -0.0200 | -0.0533 | 1/3 | – |" in md  # no failed-attempt shift logged
     csv, out_md = tmp_path / "tc.csv", tmp_path / "tc.md"
     teacher_check.main(["--runs", *runs, "--out-csv", str(csv), "--out-md", str(out_md)])
     head = report.headline_teacher_check(pd.read_csv(csv))
@@ -164,15 +164,17 @@ def test_teacher_check_splits_the_gain_by_kind_where_a_run_logged_it(tmp_path):
     runs = [_run(tmp_path, "code", m, s, [0.1, 0.2]) for m in ("sdpo", "opsd") for s in range(2)]
     kinds = [(0.02, 3, -0.01, 9), (0.04, 1, 0.002, 11)]
     for p, (gs, ns, gf, nf) in zip(runs[:2], kinds):
-        _gain(p, 0.0, extra={"teacher_context_gain_sibling": gs, "teacher_context_pairs_sibling": ns, "teacher_context_gain_feedback_only": gf, "teacher_context_pairs_feedback_only": nf})
-    for p in runs[2:]:
-        _gain(p, 0.03)
+        _gain(p, 0.0, extra={"teacher_context_gain_sibling": gs, "teacher_context_pairs_sibling": ns, "teacher_context_gain_feedback_only": gf, "teacher_context_pairs_feedback_only": nf,
+                             "teacher_failed_shift": -0.01, "teacher_failed_shift_feedback_only": -0.02})
+    for p, shift in zip(runs[2:], (-0.1, -0.3)):
+        _gain(p, 0.03, extra={"teacher_failed_shift": shift, "teacher_failed_attempts": 20})
     df = teacher_check.per_run(runs)
     assert teacher_check.kinds_of(df) == ["feedback_only", "sibling"]
     assert df[df.method == "sdpo"].gain_sibling.tolist() == [0.02, 0.04] and df[df.method == "opsd"].gain_sibling.isna().all()
     md = teacher_check.to_markdown(df, teacher_check.summarize(df))
-    assert "| Code | SDPO | sibling | 0: +0.0200 (3), 1: +0.0400 (1) | +0.0300 | 2/2 |" in md
-    assert "| Code | SDPO | feedback only | 0: -0.0100 (9), 1: +0.0020 (11) | -0.0040 | 1/2 |" in md
+    assert "| Code | OPSD | 0: +0.0300, 1: +0.0300 | +0.0300 | 2/2 | -0.2000 |" in md and "| Code | SDPO | 0: +0.0000, 1: +0.0000 | +0.0000 | 0/2 | -0.0100 |" in md
+    assert "| Code | SDPO | sibling | 0: +0.0200 (3), 1: +0.0400 (1) | +0.0300 | 2/2 | – |" in md
+    assert "| Code | SDPO | feedback only | 0: -0.0100 (9), 1: +0.0020 (11) | -0.0040 | 1/2 | -0.0200 |" in md
     assert "| Code | OPSD | sibling" not in md
 
 

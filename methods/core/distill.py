@@ -15,7 +15,9 @@ At its first step a run also measures what the teacher can give
 the scripted expert's actions on that step's tasks under the teacher with the
 method's contexts (each distinct task-context pair of the step once) minus
 without them; a method that builds several kinds of context (SDPO) also logs it
-per kind.  Near zero or negative means the warm start cannot read that
+per kind.  Beside it, on the student's own failed attempts of that step, the
+same difference on their actions (``teacher_failed_shift``, < 0: the context
+moves the teacher away from what failed).  Near zero or negative means the warm start cannot read that
 context, and the method has nothing to distil.
 """
 
@@ -35,7 +37,7 @@ from .registry import Method, MethodConfig
 from .teacher import WEIGHT_SOURCES, Teacher
 from .warmstart import mean_agent_logprob
 
-__all__ = ["DistillConfig", "SelfDistillation", "context_gain", "gain_record"]
+__all__ = ["DistillConfig", "SelfDistillation", "context_gain", "failed_attempt_shift", "gain_record"]
 
 
 @dataclass
@@ -148,23 +150,39 @@ def gain_record(teacher: Teacher, rollouts: Sequence, contexts: Sequence[str | N
 
     tasks, ctxs = pairs(zip(rollouts, contexts))
     out = {"teacher_context_gain": context_gain(teacher, tasks, ctxs), "teacher_context_pairs": len(tasks)}
+    out.update(failed_attempt_shift(teacher, rollouts, contexts))
     for kind in sorted({k for k in kinds or () if k is not None}):
-        tasks, ctxs = pairs((r, c) for r, c, k in zip(rollouts, contexts, kinds) if k == kind)
+        sel = [(r, c) for r, c, k in zip(rollouts, contexts, kinds) if k == kind]
+        tasks, ctxs = pairs(sel)
         out[f"teacher_context_gain_{kind}"] = context_gain(teacher, tasks, ctxs)
         out[f"teacher_context_pairs_{kind}"] = len(tasks)
+        out.update({f"{k}_{kind}": v for k, v in failed_attempt_shift(teacher, *zip(*sel)).items()})
     return out
 
 
-@torch.no_grad()
+def failed_attempt_shift(teacher: Teacher, rollouts: Sequence, contexts: Sequence[str | None]) -> dict[str, float]:
+    """The other side of the check, on the student's own failed attempts (reward < 1) that have a
+    context: the mean per-token log-likelihood of their actions under the teacher with the context
+    minus without (``teacher_failed_shift``; < 0: the context moves the teacher away from what
+    failed, which is what reverse-KL distillation on those tokens pushes the student towards) and
+    how many attempts (``teacher_failed_attempts``).  Empty when no failed attempt has a context."""
+    items = [(r.task, c, r.episode.turns) for r, c in zip(rollouts, contexts) if c is not None and r.reward < 1.0]
+    return {"teacher_failed_shift": _context_shift(teacher, items), "teacher_failed_attempts": len(items)} if items else {}
+
+
 def context_gain(teacher: Teacher, tasks: Sequence[Task], contexts: Sequence[str | None]) -> float:
     """Mean per-token log-lik of the expert's actions with the context minus without (tasks with a context).
 
     The warm start's own context check (:func:`methods.core.warmstart.mean_agent_logprob`) on the teacher."""
-    run = teacher.run
-    items = [(t, c, run.domain.expert_trajectory(t).turns) for t, c in zip(tasks, contexts) if c is not None]
-    if not items:
-        return 0.0
-    model = teacher.model
+    items = [(t, c, teacher.run.domain.expert_trajectory(t).turns) for t, c in zip(tasks, contexts) if c is not None]
+    return _context_shift(teacher, items) if items else 0.0
+
+
+@torch.no_grad()
+def _context_shift(teacher: Teacher, items: Sequence) -> float:
+    """Mean per-token log-lik of the agent turns of ``items`` = [(task, context, turns)] under the
+    teacher with their contexts minus without."""
+    run, model = teacher.run, teacher.model
     was_training = model.training
     with_ctx = mean_agent_logprob(model, run.encoder, run.domain, items)
     without = mean_agent_logprob(model, run.encoder, run.domain, [(t, None, turns) for t, _, turns in items])

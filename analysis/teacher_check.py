@@ -14,8 +14,10 @@ OPSD, SDPO and SDFT log it on step 1, when their teacher is still the warm start
 tasks have skills in its library, after a few updates.  > 0 passes: the context
 helps the teacher.  A run logs a warning when it does not.  Beside it, each run
 logs the same difference on the student's own failed attempts of that step
-(``teacher_failed_shift``: < 0 means the context moves the teacher away from
-what failed, the direction distillation on those tokens pushes the student).
+(``teacher_failed_shift``).  It is a size, not a test: those attempts were
+sampled from the teacher's own weights, so any context lowers them on average;
+near 0 means the teacher ignores the context, and the expert gain says whether
+a reaction points to the right actions.
 
 Rows: one per run that logged the gain (other methods have no text context and
 are left out), and per (domain, method) the mean over seeds and the seeds that
@@ -81,7 +83,8 @@ def to_markdown(df: pd.DataFrame, summary: pd.DataFrame) -> str:
         "",
         "Change of the expert actions' log-likelihood per token on the tasks of the step it was logged (step 1; Skill-SD: its first step with skills), "
         "with the method's context minus without (> 0: the teacher has something to distil). "
-        "Last column: the same difference on the student's own failed attempts of that step (mean over seeds; < 0: the context moves the teacher away from what failed).",
+        "Last column: the same difference on the student's own failed attempts of that step (mean over seeds). It has no sign to pass: they were sampled from the teacher's "
+        "own weights, so any context lowers them on average; near 0 means the teacher ignores the context, and the expert gain says whether a reaction points to the right actions.",
         "",
         "| domain | method | per seed | mean | seeds > 0 | on own failed attempts |",
         "|---|---|---|---|---|---|",

@@ -16,8 +16,12 @@ the scripted expert's actions on that step's tasks under the teacher with the
 method's contexts (each distinct task-context pair of the step once) minus
 without them; a method that builds several kinds of context (SDPO) also logs it
 per kind.  Beside it, on the student's own failed attempts of that step, the
-same difference on their actions (``teacher_failed_shift``, < 0: the context
-moves the teacher away from what failed).  Near zero or negative means the warm start cannot read that
+same difference on their actions (``teacher_failed_shift``).  That one has no
+sign to pass: the attempts were sampled from the teacher's own weights without
+the context, so any context lowers them on average (at temperature 1 by exactly
+the KL between the two); its size says how far the context moves the teacher on
+the student's samples, i.e. how much signal there is at all, and the expert
+gain says whether it points to the right actions.  Near zero or negative means the warm start cannot read that
 context, and the method has nothing to distil.
 """
 
@@ -161,11 +165,16 @@ def gain_record(teacher: Teacher, rollouts: Sequence, contexts: Sequence[str | N
 
 
 def failed_attempt_shift(teacher: Teacher, rollouts: Sequence, contexts: Sequence[str | None]) -> dict[str, float]:
-    """The other side of the check, on the student's own failed attempts (reward < 1) that have a
-    context: the mean per-token log-likelihood of their actions under the teacher with the context
-    minus without (``teacher_failed_shift``; < 0: the context moves the teacher away from what
-    failed, which is what reverse-KL distillation on those tokens pushes the student towards) and
-    how many attempts (``teacher_failed_attempts``).  Empty when no failed attempt has a context."""
+    """On the student's own failed attempts (reward < 1) that have a context: the mean per-token
+    log-likelihood of their actions under the teacher with the context minus without
+    (``teacher_failed_shift``) and how many attempts (``teacher_failed_attempts``).  Empty when no
+    failed attempt has a context.
+
+    A magnitude, not a pass/fail: while the teacher's weights are the sampling policy's (step 1)
+    any context lowers the likelihood of that policy's own samples on average (at temperature 1
+    the expected change is minus the KL from the policy to the teacher with the context), so
+    ~0 means the teacher ignores the context (nothing to distil) and a large drop means it reacts
+    to it; :func:`context_gain` says whether the reaction points to the right actions."""
     items = [(r.task, c, r.episode.turns) for r, c in zip(rollouts, contexts) if c is not None and r.reward < 1.0]
     return {"teacher_failed_shift": _context_shift(teacher, items), "teacher_failed_attempts": len(items)} if items else {}
 

@@ -15,7 +15,7 @@ tasks have skills in its library, after a few updates.  > 0 passes: the context
 helps the teacher.  A run logs a warning when it does not.  Beside it, each run
 logs the same difference on the student's own failed attempts of that step
 (``teacher_failed_shift``).  It is a size, not a test: those attempts were
-sampled from the teacher's own weights, so any context lowers them on average;
+sampled from the teacher's own weights, so any context tends to lower them;
 near 0 means the teacher ignores the context, and the expert gain says whether
 a reaction points to the right actions.
 
@@ -84,7 +84,7 @@ def to_markdown(df: pd.DataFrame, summary: pd.DataFrame) -> str:
         "Change of the expert actions' log-likelihood per token on the tasks of the step it was logged (step 1; Skill-SD: its first step with skills), "
         "with the method's context minus without (> 0: the teacher has something to distil). "
         "Last column: the same difference on the student's own failed attempts of that step (mean over seeds). It has no sign to pass: they were sampled from the teacher's "
-        "own weights, so any context lowers them on average; near 0 means the teacher ignores the context, and the expert gain says whether a reaction points to the right actions.",
+        "own weights, so any context tends to lower them; near 0 means the teacher ignores the context, and the expert gain says whether a reaction points to the right actions.",
         "",
         "| domain | method | per seed | mean | seeds > 0 | on own failed attempts |",
         "|---|---|---|---|---|---|",

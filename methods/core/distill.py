@@ -18,8 +18,8 @@ without them; a method that builds several kinds of context (SDPO) also logs it
 per kind.  Beside it, on the student's own failed attempts of that step, the
 same difference on their actions (``teacher_failed_shift``).  That one has no
 sign to pass: the attempts were sampled from the teacher's own weights without
-the context, so any context lowers them on average (at temperature 1 by exactly
-the KL between the two); its size says how far the context moves the teacher on
+the context, so any context tends to lower them (at temperature 1 by exactly
+the KL between the two on average); its size says how far the context moves the teacher on
 the student's samples, i.e. how much signal there is at all, and the expert
 gain says whether it points to the right actions.  Near zero or negative means the warm start cannot read that
 context, and the method has nothing to distil.
@@ -150,7 +150,7 @@ def gain_record(teacher: Teacher, rollouts: Sequence, contexts: Sequence[str | N
 
     def pairs(sel):
         uniq = {(r.task.task_id, c): r.task for r, c in sel if c is not None}
-        return [t for t in uniq.values()], [c for _, c in uniq]
+        return list(uniq.values()), [c for _, c in uniq]
 
     tasks, ctxs = pairs(zip(rollouts, contexts))
     out = {"teacher_context_gain": context_gain(teacher, tasks, ctxs), "teacher_context_pairs": len(tasks)}
@@ -171,8 +171,9 @@ def failed_attempt_shift(teacher: Teacher, rollouts: Sequence, contexts: Sequenc
     failed attempt has a context.
 
     A magnitude, not a pass/fail: while the teacher's weights are the sampling policy's (step 1)
-    any context lowers the likelihood of that policy's own samples on average (at temperature 1
-    the expected change is minus the KL from the policy to the teacher with the context), so
+    a context tends to lower the likelihood of that policy's own samples whatever it says (at
+    temperature 1 the expected change is exactly minus the KL from the policy to the teacher
+    with the context; the runs sample at the training temperature, so only roughly), so
     ~0 means the teacher ignores the context (nothing to distil) and a large drop means it reacts
     to it; :func:`context_gain` says whether the reaction points to the right actions."""
     items = [(r.task, c, r.episode.turns) for r, c in zip(rollouts, contexts) if c is not None and r.reward < 1.0]

@@ -1,6 +1,6 @@
 """Behaviour on held-out tool-use tasks (the paper's Table 3), for Vanilla and every method.
 
-    python -m analysis.behaviour --vanilla results/small/warmstart/tooluse/seed*/eval.json \\
+    python -m analysis.behaviour --vanilla results/small/warmstart/tooluse/eval.json \\
         --runs results/small/runs/tooluse/*/seed*/summary.json \\
         --out-csv results/behaviour.csv --out-md results/behaviour.md
 

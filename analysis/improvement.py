@@ -1,6 +1,6 @@
 """Probability of improvement of one method (LOPD) over each other method (rliable style).
 
-    python -m analysis.improvement --vanilla results/small/warmstart/*/seed*/eval.json \\
+    python -m analysis.improvement --vanilla results/small/warmstart/*/eval.json \\
         --runs results/small/runs/*/*/seed*/summary.json --method lopd \\
         --out-csv results/improvement.csv --out-md results/improvement.md
 

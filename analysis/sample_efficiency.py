@@ -1,13 +1,13 @@
 """The sample-efficiency figure (the paper's Fig. 4): held-out reward against student
 rollouts for every method, mean and 95 % CI band over seeds, one column per domain.
 
-    python -m analysis.sample_efficiency --vanilla results/small/warmstart/*/seed*/eval.json \\
+    python -m analysis.sample_efficiency --vanilla results/small/warmstart/*/eval.json \\
         --runs results/small/runs/*/*/seed*/summary.json \\
         --out results/figures/sample_efficiency.png   # writes the .png and a .pdf beside it
 
-Top row: held-out reward (the paper's figure).  Bottom row: the same runs as the
-change from each seed's own Vanilla score (the warm start of that seed), which
-takes the warm starts' seed-to-seed spread out of the bands.  Rollout 0 of a
+Top row: held-out reward (the paper's figure).  Bottom row: each run minus GRPO's
+run of the same RL seed at the same rollout count (paired over seeds: every run
+of a domain starts from the same base policy).  Rollout 0 of a
 curve is the method's own evaluation before training (retrieval RL already with
 retrieved text in its prompt).  The runs pass the same comparability check as
 Table 1 (one budget and task version per domain).
@@ -25,19 +25,20 @@ from .runs import METRIC, eval_points, finals
 from .stats import bootstrap_ci
 
 
-def band_table(vanilla: list[str], runs: list[str]) -> pd.DataFrame:
-    """Per (domain, method, rollouts): mean and CI of the reward and of its change from Vanilla."""
-    fin = finals(vanilla, runs)
+def band_table(vanilla: list[str], runs: list[str], reference: str = "grpo") -> pd.DataFrame:
+    """Per (domain, method, rollouts): mean and CI of the reward over RL seeds, and of its paired
+    difference from ``reference`` at the same seed and rollout count (where that run exists)."""
+    finals(vanilla, runs)  # the comparability check
     pts = eval_points(runs)
-    base = fin[fin.method == "vanilla"].set_index(["domain", "seed"])["value"]
+    ref = pts[pts.method == reference].set_index(["domain", "seed", "rollouts"])[METRIC]
     rows = []
     for (d, m, r), g in pts.groupby(["domain", "method", "rollouts"], sort=True):
         g = g.sort_values("seed")
         mean, lo, hi = bootstrap_ci(g[METRIC])
         row = {"domain": d, "method": m, "rollouts": r, "mean": mean, "ci_low": lo, "ci_high": hi, "n_seeds": len(g)}
-        keys = list(zip(g.domain, g.seed))
-        if all(k in base.index for k in keys):
-            dm, dlo, dhi = bootstrap_ci(g[METRIC].to_numpy() - base.loc[keys].to_numpy())
+        keys = [(d, s, r) for s in g.seed]
+        if all(k in ref.index for k in keys):
+            dm, dlo, dhi = bootstrap_ci(g[METRIC].to_numpy() - ref.loc[keys].to_numpy())
             row.update(delta_mean=dm, delta_low=dlo, delta_high=dhi)
         rows.append(row)
     return pd.DataFrame(rows)
@@ -53,7 +54,7 @@ def plot(bands: pd.DataFrame, out_png: Path) -> list[Path]:
     domains = sorted(bands["domain"].unique())
     methods = ordered(bands["method"].unique())
     has_delta = "delta_mean" in bands and bands["delta_mean"].notna().any()
-    rows = [("mean", "ci_low", "ci_high", "held-out reward")] + ([("delta_mean", "delta_low", "delta_high", "change from the seed's Vanilla")] if has_delta else [])
+    rows = [("mean", "ci_low", "ci_high", "held-out reward")] + ([("delta_mean", "delta_low", "delta_high", "minus GRPO, same seed")] if has_delta else [])
     fig, axes = plt.subplots(len(rows), len(domains), figsize=(5.2 * len(domains), 3.4 * len(rows)), squeeze=False, sharex=True)
     for j, d in enumerate(domains):
         sub = bands[bands.domain == d]
@@ -94,7 +95,7 @@ def plot(bands: pd.DataFrame, out_png: Path) -> list[Path]:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m analysis.sample_efficiency", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--vanilla", nargs="*", default=[], help="warm-start eval.json files (for the change-from-Vanilla row)")
+    p.add_argument("--vanilla", nargs="*", default=[], help="base-policy eval.json files (checked for comparability with the runs)")
     p.add_argument("--runs", nargs="+", required=True, help="run summary.json files")
     p.add_argument("--out", required=True, help="PNG path; the PDF goes beside it")
     a = p.parse_args(argv)

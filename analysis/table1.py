@@ -1,10 +1,11 @@
 """Table 1 from the runs: held-out reward per (domain, method), mean and 95 % CI over seeds.
 
-    python -m analysis.table1 --vanilla results/small/warmstart/*/seed*/eval.json \
+    python -m analysis.table1 --vanilla results/small/warmstart/*/eval.json \
         --runs results/small/runs/*/*/seed*/summary.json \
         --out-csv results/table1.csv --out-md results/table1.md --out-curves results/curves.csv
 
-"Vanilla" is the warm start's own held-out score (rollout budget 0).
+"Vanilla" is the base policy's own held-out score (rollout budget 0): one base
+policy per domain, which every method and RL seed starts from.
 ``pre_rollouts`` are the warm-start policy's rollouts that seeded an experience
 bank before training (retrieval RL, LOPD); they are not student rollouts and
 are shown so that the comparison is complete.  The
@@ -39,6 +40,9 @@ def table(rows: list[dict]) -> pd.DataFrame:
     out = []
     for (domain, method, budget), rs in groups.items():
         mean, lo, hi = bootstrap_ci([r["value"] for r in sorted(rs, key=lambda r: r["seed"])])
+        if method == "vanilla" and len(rs) == 1 and rs[0].get("heldout_reward_se") is not None:
+            # one base policy per domain: no RL seeds to vary, so its interval is its evaluation's (mean +- 1.96 SE)
+            lo, hi = mean - 1.96 * rs[0]["heldout_reward_se"], mean + 1.96 * rs[0]["heldout_reward_se"]
         pre = max(r.get("pre", 0) for r in rs)
         out.append({"domain": domain, "method": method, "metric": METRIC, "mean": mean, "ci_low": lo, "ci_high": hi, "n_seeds": len(rs), "rollout_budget": budget, "pre_rollouts": pre})
     df = pd.DataFrame(out, columns=COLUMNS)
@@ -61,7 +65,9 @@ def curves(runs: list[str]) -> pd.DataFrame:
 
 def to_markdown(df: pd.DataFrame, title: str = "Table 1") -> str:
     lines = [
-        f"# {title}: held-out reward (mean and 95 % bootstrap CI over seeds)",
+        f"# {title}: held-out reward (mean and 95 % bootstrap CI over RL seeds)",
+        "",
+        "Every run of a domain starts from the same base policy (`vanilla`); its interval is its one evaluation's (mean +- 1.96 standard errors).",
         "",
         "| domain | method | held-out reward | 95 % CI | seeds | rollout budget | pre-RL rollouts (bank seed) |",
         "|---|---|---|---|---|---|---|",

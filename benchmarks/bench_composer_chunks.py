@@ -4,7 +4,7 @@ how far the chunked latents are from one batch of all items.
     python benchmarks/bench_composer_chunks.py --domain code --items 96
 
 Items are "Task to solve / Reference past trajectory" texts built from the seeded bank of
-``results/<profile>/bank/<domain>/seed<S>`` (random task and trajectory pairs), encoded by a
+``results/<profile>/bank/<domain>`` (random task and trajectory pairs), encoded by a
 composer on that seed's warm start, as one LOPD step encodes J=3 items for each of 32 rollouts.
 Prints one JSON line: the item lengths, the best of ``--repeats`` wall times per chunk size,
 and the largest absolute difference of each chunking's latents from the one-batch latents.

@@ -1,8 +1,8 @@
 """Generation efficiency: the rollout engine's achieved fp32 FLOP/s against the machine's
 measured fp32 matmul peak (issue target: >= 25 %).
 
-    python benchmarks/bench_generation.py --warmstart results/small/warmstart/code/seed0 --domain code
-    python benchmarks/bench_generation.py --warmstart results/small/warmstart/tooluse/seed0 --domain tooluse
+    python benchmarks/bench_generation.py --warmstart results/small/warmstart/code --domain code
+    python benchmarks/bench_generation.py --warmstart results/small/warmstart/tooluse --domain tooluse
 
 1. Peak: the best of several ``torch.mm`` timings of square fp32 matrices
    (n = 256 ... 2048) at the same thread count (the job's: 1 by default).

@@ -1,13 +1,13 @@
 """Wall time of one small-profile training run (one domain, one seed, the default budget,
 held-out evaluations included) on one core.  Target: <= 80 s for GRPO.
 
-    python benchmarks/bench_grpo_run.py --domain tooluse --warmstart results/small/warmstart/tooluse/seed0
+    python benchmarks/bench_grpo_run.py --domain tooluse --warmstart results/small/warmstart/tooluse
 
 Prints one JSON line: wall time, rollouts, the ledger, where the time went and the
 held-out learning curve.  ``--set`` overrides resolved job settings, e.g. to compare
 learning rates on one warm start (the profile's values are the defaults)::
 
-    python benchmarks/bench_grpo_run.py --domain code --warmstart results/small/warmstart/code/seed0 \
+    python benchmarks/bench_grpo_run.py --domain code --warmstart results/small/warmstart/code \
         --set train.lr=1e-5 train.temperature=1.0
 """
 

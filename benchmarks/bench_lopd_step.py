@@ -4,7 +4,7 @@ LOPD <= 1.5x GRPO), measured in one invocation on the small profile, and where L
     python benchmarks/bench_lopd_step.py --domain code
     python benchmarks/bench_lopd_step.py --domain tooluse --steps 6
 
-Both methods train from the same warm start (``results/<profile>/warmstart/<domain>/seed<S>``)
+Both methods train from the same warm start (``results/<profile>/warmstart/<domain>``)
 for ``--steps`` steps of ``rollouts_per_step`` (32) rollouts on one thread; LOPD also
 loads the seeded bank and its cold-started composer from ``results/``.  Step time =
 rollouts + update (LOPD's retrieval, composer, teacher, composer step and bank growth

@@ -1,6 +1,6 @@
 """Rollout-engine throughput: rollouts/s and generated tokens/s on a warm start.
 
-    python benchmarks/bench_rollout.py --warmstart results/small/warmstart/tooluse/seed0 --domain tooluse
+    python benchmarks/bench_rollout.py --warmstart results/small/warmstart/tooluse --domain tooluse
 
 Prints one JSON line per batch size.  Uses the small profile's sampling
 settings (temperature 1) and one torch thread unless told otherwise.

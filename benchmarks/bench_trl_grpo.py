@@ -2,7 +2,7 @@
 on the code domain, the same warm start, tokenizer, training tasks and number of rollouts.
 Target: the suite's rollouts/s >= 2x TRL's.
 
-    python benchmarks/bench_trl_grpo.py --warmstart results/small/warmstart/code/seed0 --rollouts 320 --threads 1
+    python benchmarks/bench_trl_grpo.py --warmstart results/small/warmstart/code --rollouts 320 --threads 1
 
 What is timed (time.perf_counter, one process, the same torch thread count for both):
 
@@ -239,7 +239,7 @@ def run_trl(job: dict, warmstart: Path, seed: int) -> dict:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--warmstart", default="results/small/warmstart/code/seed0", help="warm start directory (holds model/)")
+    p.add_argument("--warmstart", default="results/small/warmstart/code", help="warm start directory (holds model/)")
     p.add_argument("--rollouts", type=int, default=320, help="student rollouts per side (default 320: 10 steps of 32)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (both sides)")
     p.add_argument("--only", choices=["suite", "trl", "both"], default="both")

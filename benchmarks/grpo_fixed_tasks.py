@@ -6,7 +6,7 @@ tasks.  A rise here with no rise on held-out tasks means the method learns
 but its gains do not transfer at the budget; no rise means the update itself
 is broken.  Prints the learning curve as one JSON line.
 
-    python benchmarks/grpo_fixed_tasks.py --domain tooluse --warmstart results/small/warmstart/tooluse/seed0
+    python benchmarks/grpo_fixed_tasks.py --domain tooluse --warmstart results/small/warmstart/tooluse
 """
 
 from __future__ import annotations

@@ -66,21 +66,21 @@ def job_graph(config: dict, out: Path, with_ablations: bool) -> tuple[dict, dict
 
     for d in config["domains"]:
         names = methods + ([m for m in ablations] if d in abl_domains else [])
+        ws = ("warmstart", d)  # one base policy and one bank per domain
+        add(ws, (_json(out / f"warmstart/{d}/eval.json") or {}).get("wall_s"), [])
+        if any(uses_bank(config, m) for m in names):
+            add(("bank", d), (_json(out / f"bank/{d}/bank.json") or {}).get("wall_s"), [ws])
         for s in seeds:
-            ws = ("warmstart", d, s)
-            add(ws, (_json(out / f"warmstart/{d}/seed{s}/eval.json") or {}).get("wall_s"), [])
-            if any(uses_bank(config, m) for m in names):
-                add(("bank", d, s), (_json(out / f"bank/{d}/seed{s}/bank.json") or {}).get("wall_s"), [ws])
             for m in names:
                 needs = [ws]
                 if uses_bank(config, m):
-                    needs.append(("bank", d, s))
+                    needs.append(("bank", d))
                 key = cold_start_key(config, d, m)
                 if key:
                     cs = ("coldstart", d, key, s)
                     if cs not in dur:
                         rep = _json(out / f"coldstart/{d}/{key}/seed{s}/coldstart.json") or {}
-                        add(cs, 0.0 if rep.get("steps") == 0 else rep.get("train_s"), [("bank", d, s)])  # empty bank: no training
+                        add(cs, 0.0 if rep.get("steps") == 0 else rep.get("train_s"), [("bank", d)])  # empty bank: no training
                     needs.append(cs)
                 add(("train", d, m, s), _run_wall(out / f"runs/{d}/{m}/seed{s}/metrics.jsonl"), needs)
     return dur, deps, missing

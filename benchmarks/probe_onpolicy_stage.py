@@ -1,7 +1,7 @@
 """The warm start's on-policy stage with other settings than the config's, on a stage-1 warm start.
 
     python benchmarks/probe_onpolicy_stage.py --domain tooluse \\
-        --warmstart results/small/warmstart_stage1/tooluse/seed0 --out /tmp/ws_onpolicy --steps 300
+        --warmstart results/small/warmstart_stage1/tooluse --out /tmp/ws_onpolicy --steps 300
 
 The pipeline runs the stage as the ``warmstart`` rule (``methods.cli warmstart-stage2``)
 with the configured ``warmstart.onpolicy_*``; this script runs the same

@@ -13,7 +13,7 @@ Prints one JSON object with, on the held-out split:
 and, on the training split, the reward of rollouts sampled at a few
 temperatures (the signal an RL method starts from).
 
-    python benchmarks/probe_policy.py --domain tooluse --model results/small/warmstart/tooluse/seed0/model
+    python benchmarks/probe_policy.py --domain tooluse --model results/small/warmstart/tooluse/model
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What a privileged context gives a warm-started teacher, by kind of context.
 
-    python benchmarks/probe_teacher_context.py --domain tooluse --warmstart results/small/warmstart/tooluse/seed0
+    python benchmarks/probe_teacher_context.py --domain tooluse --warmstart results/small/warmstart/tooluse
 
 Samples the warm-start policy once on training tasks (the training temperature),
 keeps the failed episodes that carry environment feedback, and reports

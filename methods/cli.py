@@ -5,6 +5,7 @@
     python -m methods.cli bank      --job JSON --seed S --warmstart DIR --out DIR [--threads N]
     python -m methods.cli coldstart --job JSON --seed S --warmstart DIR --bank FILE --out DIR [--threads N]
     python -m methods.cli train     --job JSON --seed S --warmstart DIR --out DIR [--bank FILE] [--composer FILE] [--threads N]
+    python -m methods.cli testbed   --job JSON --seed S --warmstart DIR --out FILE.json [--bank FILE] [--n-retrieve N]
 
 ``--job`` is the resolved job settings (see :func:`methods.core.config.resolve_job`)
 as a JSON string or ``@file.json``; the rules pass it so that every result
@@ -175,6 +176,36 @@ def cmd_bank(args) -> None:
     print(f"[bank] {job['domain']} seed {args.seed}: {len(bank)} trajectories from {rollouts} warm-start rollouts; wrote {out / 'bank.pt'} and {out / 'bank.json'}", file=sys.stderr)
 
 
+def cmd_testbed(args) -> None:
+    """The test-bed probe of a domain's base policy (:mod:`methods.testbed`): its held-out reward
+    without context, with the task's reference solution, with retrieved experience."""
+    from methods.core.loop import TrainConfig
+    from methods.core.policy import load_policy
+    from methods.core.provenance import provenance, write_json_atomic
+    from methods.core.registry import make_config
+    from methods.core.tokenizer import ChatEncoder
+    from methods.experience import BankConfig, ExperienceBank
+    from methods.experience.encoder import TextEncoder
+    from methods.testbed import probe
+    from tasks.base import get_domain
+
+    job = _job(args.job)
+    out = Path(args.out)
+    train_cfg = make_config(TrainConfig, job["train"], "train")
+    domain = get_domain(job["domain"], seed=job["task_seed"], **job["domain_options"])
+    model, tokenizer = load_policy(Path(args.warmstart) / "model", device=args.device)
+    bank = None
+    if args.bank:
+        bank = ExperienceBank(make_config(BankConfig, job.get("bank"), "bank"), TextEncoder(device=args.device)).load(args.bank).freeze()
+    tasks = domain.tasks("test", train_cfg.eval_episodes)
+    report = probe(model, ChatEncoder(tokenizer), domain, tasks, train_cfg.sampling(eval=True), bank, args.n_retrieve, args.seed)
+    report.update({"domain": job["domain"], "domain_version": domain.version, "seed": args.seed, "warmstart": str(args.warmstart), "bank": args.bank, "job": job, **provenance()})
+    write_json_atomic(out, report)
+    domain.close()
+    msg = f"reference +{report['reference_gain']:.3f}" + (f", retrieved +{report['retrieval_gain']:.3f} (same group {report['retrieval_same_group']:.2f})" if bank is not None else "")
+    print(f"[testbed] {job['domain']}: no context {report['reward_no_context']:.3f} (SE {report['reward_no_context_se']:.4f}), {msg}; wrote {out}", file=sys.stderr)
+
+
 def cmd_coldstart(args) -> None:
     """LOPD's cold start: train the composer (LoRA + Q-Former) on the warm start's own successes (the seeded bank)."""
     from dataclasses import asdict
@@ -299,6 +330,11 @@ def main(argv=None) -> None:
     bk = sub.add_parser("bank", parents=[common], help="seed an experience bank with the warm start's successes on training tasks")
     bk.add_argument("--warmstart", required=True, help="warm start directory (holds model/)")
     bk.set_defaults(fn=cmd_bank)
+    tb = sub.add_parser("testbed", parents=[common], help="test-bed probe of a base policy: reward without context, with the reference solution, with retrieved experience (--out: a JSON file)")
+    tb.add_argument("--warmstart", required=True, help="base policy directory (holds model/)")
+    tb.add_argument("--bank", default=None, help="seeded experience bank (bank.pt); without it the experience rows are left out")
+    tb.add_argument("--n-retrieve", type=int, default=3, help="retrieved items in the context (retrieval RL's n_retrieve)")
+    tb.set_defaults(fn=cmd_testbed)
     args = p.parse_args(argv)
     torch.set_num_threads(max(1, args.threads))
     args.fn(args)

@@ -9,12 +9,18 @@ from methods.core.config import bank_job, cold_start_key, cold_start_runs, profi
 validate_grid(config)  # every job's settings, before any job starts
 
 PROFILE = config["profile"]
-SEEDS = profile_section(config)["seeds"]
+SEEDS = profile_section(config)["seeds"]  # RL seeds
+BASE_SEED = profile_section(config).get("base_seed", 0)  # the seed of the one base policy per domain
 DOMAINS = list(config["domains"])
 METHODS = list(config["methods"])
 ABLATIONS = list(config.get("ablations") or {})
 ABLATION_DOMAINS = list(config.get("ablation_domains") or DOMAINS)
 OUT = f"results/{PROFILE}"
+
+
+wildcard_constraints:
+    domain=r"[^/]+",
+    method=r"[^/]+",
 
 
 def job_json(domain, method=None, stage1=False):
@@ -31,3 +37,13 @@ def coldstart_path(domain, method, seed):
 def coldstart_job(domain, key):
     """Any run sharing cold start ``key`` has the same cold-start settings (checked by validate_grid)."""
     return job_json(domain, cold_start_runs(config, domain)[key][0])
+
+
+def testbed_n_retrieve(domain):
+    """Retrieval RL's n_retrieve (the experience check hands the base policy its context); 3 without it."""
+    return resolve_job(config, domain, "retrieval_rl")["method_config"]["n_retrieve"] if "retrieval_rl" in METHODS else 3
+
+
+def testbed_uses_bank(domain):
+    """The experience rows of the test-bed probe need the bank only where a method reads one."""
+    return any(uses_bank(config, m) for m in METHODS)

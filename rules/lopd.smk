@@ -1,8 +1,8 @@
 rule coldstart:
-    """LOPD: cold-start the composer (LoRA + Q-Former) on the warm start's own successes (cached per domain, seed and K/J)."""
+    """LOPD: cold-start the composer (LoRA + Q-Former) on the warm start's own successes (per domain, RL seed and K/J, from the domain's base policy and bank)."""
     input:
-        ws=f"{OUT}/warmstart/{{domain}}/seed{{seed}}/eval.json",
-        bank=f"{OUT}/bank/{{domain}}/seed{{seed}}/bank.pt",
+        ws=f"{OUT}/warmstart/{{domain}}/eval.json",
+        bank=f"{OUT}/bank/{{domain}}/bank.pt",
     output:
         composer=f"{OUT}/coldstart/{{domain}}/{{key}}/seed{{seed}}/composer.pt",
         report=f"{OUT}/coldstart/{{domain}}/{{key}}/seed{{seed}}/coldstart.json",
@@ -10,7 +10,7 @@ rule coldstart:
         f"{OUT}/logs/coldstart/{{domain}}/{{key}}/seed{{seed}}.log",
     params:
         job=lambda w: coldstart_job(w.domain, w.key),
-        ws=lambda w: f"{OUT}/warmstart/{w.domain}/seed{w.seed}",
+        ws=lambda w: f"{OUT}/warmstart/{w.domain}",
         out=lambda w: f"{OUT}/coldstart/{w.domain}/{w.key}/seed{w.seed}",
     wildcard_constraints:
         seed=r"\d+",

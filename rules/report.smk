@@ -1,6 +1,6 @@
 # The paper's figures and tables beyond Table 1, and results/report.md that gathers them.
 RUN_SUMMARIES = expand(f"{OUT}/runs/{{domain}}/{{method}}/seed{{seed}}/summary.json", domain=DOMAINS, method=METHODS, seed=SEEDS)
-VANILLA_EVALS = expand(f"{OUT}/warmstart/{{domain}}/seed{{seed}}/eval.json", domain=DOMAINS, seed=SEEDS)
+VANILLA_EVALS = expand(f"{OUT}/warmstart/{{domain}}/eval.json", domain=DOMAINS)
 BEHAVIOUR_DOMAIN = "tooluse"
 
 
@@ -57,7 +57,7 @@ rule improvement:
 rule behaviour:
     """The paper's Table 3 on held-out tool-use tasks: steps, calls per step, repeated calls, reward per call, first response."""
     input:
-        vanilla=expand(f"{OUT}/warmstart/{BEHAVIOUR_DOMAIN}/seed{{seed}}/eval.json", seed=SEEDS),
+        vanilla=[f"{OUT}/warmstart/{BEHAVIOUR_DOMAIN}/eval.json"],
         runs=expand(f"{OUT}/runs/{BEHAVIOUR_DOMAIN}/{{method}}/seed{{seed}}/summary.json", method=METHODS, seed=SEEDS),
     output:
         csv="results/behaviour.csv",
@@ -87,8 +87,84 @@ rule teacher_check:
         "python -m analysis.teacher_check --runs {input.runs} --out-csv {output.csv} --out-md {output.md} > {log} 2>&1"
 
 
+rule testbed_probe:
+    """The base policy without context, with the task's reference solution and with retrieved experience (held-out tasks)."""
+    input:
+        ws=f"{OUT}/warmstart/{{domain}}/eval.json",
+        bank=lambda w: [f"{OUT}/bank/{w.domain}/bank.pt"] if testbed_uses_bank(w.domain) else [],
+    output:
+        f"{OUT}/testbed/{{domain}}/testbed.json",
+    log:
+        f"{OUT}/logs/testbed/{{domain}}.log",
+    params:
+        job=lambda w: shlex.quote(json.dumps(bank_job(config, w.domain), sort_keys=True)),
+        ws=lambda w: f"{OUT}/warmstart/{w.domain}",
+        bank=lambda w, input: f"--bank {input.bank}" if input.bank else "",
+        n_retrieve=lambda w: testbed_n_retrieve(w.domain),
+        seed=BASE_SEED,
+    threads: 1
+    conda:
+        "../envs/suite.yaml"
+    shell:
+        "python -m methods.cli testbed --job {params.job} --seed {params.seed} --warmstart {params.ws} {params.bank} "
+        "--n-retrieve {params.n_retrieve} --out {output} --threads {threads} > {log} 2>&1"
+
+
+rule testbed:
+    """Test-bed validity per domain: transferable headroom, usable privileged information and experience, precise evaluations."""
+    input:
+        probes=expand(f"{OUT}/testbed/{{domain}}/testbed.json", domain=DOMAINS),
+        vanilla=VANILLA_EVALS,
+        runs=RUN_SUMMARIES,
+    output:
+        csv="results/testbed.csv",
+        md="results/testbed.md",
+    log:
+        "results/logs/testbed.log",
+    threads: 1
+    conda:
+        "../envs/suite.yaml"
+    shell:
+        "python -m analysis.testbed --probes {input.probes} --vanilla {input.vanilla} --runs {input.runs} "
+        "--out-csv {output.csv} --out-md {output.md} > {log} 2>&1"
+
+
+rule paired:
+    """Each method minus GRPO and minus Vanilla, same RL seed, mean and 95 % CI over seeds."""
+    input:
+        vanilla=VANILLA_EVALS,
+        runs=RUN_SUMMARIES,
+    output:
+        csv="results/paired.csv",
+        md="results/paired.md",
+    log:
+        "results/logs/paired.log",
+    threads: 1
+    conda:
+        "../envs/suite.yaml"
+    shell:
+        "python -m analysis.paired --vanilla {input.vanilla} --runs {input.runs} --out-csv {output.csv} --out-md {output.md} > {log} 2>&1"
+
+
+rule compute:
+    """The compute-matched view: held-out reward against each run's training wall time and token passes (table + figure)."""
+    input:
+        runs=RUN_SUMMARIES,
+    output:
+        csv="results/compute.csv",
+        md="results/compute.md",
+        png="results/figures/compute.png",
+    log:
+        "results/logs/compute.log",
+    threads: 1
+    conda:
+        "../envs/suite.yaml"
+    shell:
+        "python -m analysis.compute --runs {input.runs} --out-csv {output.csv} --out-md {output.md} --out-png {output.png} > {log} 2>&1"
+
+
 rule report:
-    """results/report.md: Table 1, figures, rollouts-to-target, probability of improvement, ablations, behaviour, dynamics."""
+    """results/report.md: test-bed validity first, then Table 1, paired differences, figures, rollouts-to-target, probability of improvement, ablations, behaviour, dynamics."""
     input:
         table1="results/table1.csv",
         table1_md="results/table1.md",
@@ -105,6 +181,11 @@ rule report:
         teacher_check="results/teacher_check.csv",
         teacher_check_md="results/teacher_check.md",
         warmstarts=VANILLA_EVALS,
+        testbed="results/testbed.csv",
+        testbed_md="results/testbed.md",
+        paired_md="results/paired.md",
+        compute_md="results/compute.md",
+        compute_png="results/figures/compute.png",
     output:
         "results/report.md",
     log:
@@ -119,4 +200,6 @@ rule report:
         "--targets {input.targets} --targets-md {input.targets_md} --improvement {input.improvement} --improvement-md {input.improvement_md} "
         "--ablations {input.ablations} --ablations-md {input.ablations_md} {params.behaviour} --dynamics {input.dynamics} "
         "--figure {input.figure} --dynamics-figure {input.dynamics_figure} "
-        "--teacher-check {input.teacher_check} --teacher-check-md {input.teacher_check_md} --warmstarts {input.warmstarts} --out {output} > {log} 2>&1"
+        "--teacher-check {input.teacher_check} --teacher-check-md {input.teacher_check_md} --warmstarts {input.warmstarts} "
+        "--testbed {input.testbed} --testbed-md {input.testbed_md} --paired-md {input.paired_md} "
+        "--compute-md {input.compute_md} --compute-figure {input.compute_png} --out {output} > {log} 2>&1"

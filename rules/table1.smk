@@ -1,7 +1,7 @@
 rule table1:
     """Table 1: held-out reward per (domain, method), mean and 95 % bootstrap CI over seeds."""
     input:
-        vanilla=expand(f"{OUT}/warmstart/{{domain}}/seed{{seed}}/eval.json", domain=DOMAINS, seed=SEEDS),
+        vanilla=expand(f"{OUT}/warmstart/{{domain}}/eval.json", domain=DOMAINS),
         runs=expand(f"{OUT}/runs/{{domain}}/{{method}}/seed{{seed}}/summary.json", domain=DOMAINS, method=METHODS, seed=SEEDS),
     output:
         csv="results/table1.csv",

@@ -1,8 +1,8 @@
 rule train:
-    """One method (or ablation variant) on one domain and seed, from that seed's warm start (resumes from its checkpoint)."""
+    """One method (or ablation variant) on one domain and seed, from the domain's base policy; the seed varies the RL only (resumes from its checkpoint)."""
     input:
-        ws=f"{OUT}/warmstart/{{domain}}/seed{{seed}}/eval.json",
-        bank=lambda w: [f"{OUT}/bank/{w.domain}/seed{w.seed}/bank.pt"] if uses_bank(config, w.method) else [],
+        ws=f"{OUT}/warmstart/{{domain}}/eval.json",
+        bank=lambda w: [f"{OUT}/bank/{w.domain}/bank.pt"] if uses_bank(config, w.method) else [],
         composer=lambda w: coldstart_path(w.domain, w.method, w.seed),
     output:
         f"{OUT}/runs/{{domain}}/{{method}}/seed{{seed}}/summary.json",
@@ -10,9 +10,9 @@ rule train:
         f"{OUT}/logs/train/{{domain}}/{{method}}/seed{{seed}}.log",
     params:
         job=lambda w: job_json(w.domain, w.method),
-        ws=lambda w: f"{OUT}/warmstart/{w.domain}/seed{w.seed}",
+        ws=lambda w: f"{OUT}/warmstart/{w.domain}",
         out=lambda w: f"{OUT}/runs/{w.domain}/{w.method}/seed{w.seed}",
-        bank=lambda w: f"--bank {OUT}/bank/{w.domain}/seed{w.seed}/bank.pt" if uses_bank(config, w.method) else "",
+        bank=lambda w: f"--bank {OUT}/bank/{w.domain}/bank.pt" if uses_bank(config, w.method) else "",
         composer=lambda w: " ".join(f"--composer {p}" for p in coldstart_path(w.domain, w.method, w.seed)),
     wildcard_constraints:
         seed=r"\d+",

@@ -344,3 +344,46 @@ def test_the_anchor_cache_is_bounded(lopd_run, monkeypatch):
     assert len(m._anchor) == 4
     last = [(t.task_id, e.task_id) for t, hs in zip(tasks, hits) for e in hs][-4:]
     assert list(m._anchor) == last  # the most recently used stay
+
+
+def test_lopd_logs_its_teacher_context_gain_once_and_it_changes_nothing_it_trains_on(lopd_run):
+    """The sanity check of every self-distillation method, with latents for the text context: the
+    expert actions' log-likelihood under the frozen teacher with the composed latents minus without
+    (checked against a direct computation), logged on the first step only; a run that skips it
+    gets bit-identical teacher logits and margin terms."""
+    from methods.core.rollout import initial_prompt_ids, trajectory_ids
+
+    m = _method(lopd_run, n_latents=4)
+    quiet = _method(lopd_run, n_latents=4)
+    quiet._gain_logged = True
+    batch = _batch(lopd_run)
+    batch.extras["old_logp"] = batch.sample_logp
+    logs = m.prepare(batch)
+    teacher = [t.clone() if t is not None else None for t in batch.extras["teacher_logits"]]
+    logs_quiet = quiet.prepare(batch)
+    assert "teacher_context_gain" in logs and "teacher_context_gain" not in logs_quiet
+    assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(teacher, batch.extras["teacher_logits"]))
+    assert logs["lopd_margin"] == logs_quiet["lopd_margin"] and logs["lopd_kl"] == logs_quiet["lopd_kl"]
+    assert logs["teacher_context_pairs"] == len({r.task.task_id for r in batch.rollouts})
+    # a direct computation for the first task: latents in the placeholder span vs the plain prompt
+    task = batch.rollouts[0].task
+    lat, _, _ = m.compose([task], m.retrieve([task]))
+    comp, dom, enc = m.composer, lopd_run.domain, lopd_run.encoder
+    ids, mask = trajectory_ids(enc, dom, task, None, dom.expert_trajectory(task).turns)
+    start = len(initial_prompt_ids(enc, dom, task, None))
+
+    def logp(n):
+        seq, msk, at = comp.teacher_sequence(dom, task, n, ids[start:], mask[start:])
+        x = torch.tensor([seq])
+        emb = comp.backbone.get_input_embeddings()(x).clone()
+        if n:
+            emb[0, at : at + n] = lat[0].detach()
+        keep = torch.tensor(msk[1:]).bool()
+        with torch.no_grad(), comp.model.disable_adapter():
+            out = comp.backbone(inputs_embeds=emb, attention_mask=torch.ones_like(x)).logits[0, :-1][keep]
+        return torch.log_softmax(out, -1).gather(-1, x[0, 1:][keep][:, None]).mean()
+
+    one = m._latent_shift([(task, lat[0].detach(), ids[start:], mask[start:])])
+    assert one == pytest.approx(float(logp(int(lat[0].shape[0])) - logp(0)), abs=1e-5)
+    assert m.prepare(batch).get("teacher_context_gain") is None  # once per run
+

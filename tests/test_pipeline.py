@@ -45,14 +45,14 @@ def test_smoke_pipeline_writes_table1(tmp_path):
     assert set(df.method) == {"vanilla"} | configured  # every method of the config line-up is in Table 1
     rr = df[df.method == "retrieval_rl"]
     assert (rr.pre_rollouts == 32).all() and (df[df.method == "grpo"].pre_rollouts == 0).all()  # the bank seed is recorded
-    assert (df.n_seeds == 2).all()
+    assert (df[df.method != "vanilla"].n_seeds == 2).all() and (df[df.method == "vanilla"].n_seeds == 1).all()  # one base policy per domain
     assert (tmp_path / "results" / "table1.md").exists()
     # the smoke profile's code warm start has the on-policy stage, its tool-use one is stage 1's
     smoke = tmp_path / "results" / "smoke"
-    code_ws = json.loads((smoke / "warmstart" / "code" / "seed0" / "eval.json").read_text())
-    tool_ws = json.loads((smoke / "warmstart" / "tooluse" / "seed0" / "eval.json").read_text())
+    code_ws = json.loads((smoke / "warmstart" / "code" / "eval.json").read_text())
+    tool_ws = json.loads((smoke / "warmstart" / "tooluse" / "eval.json").read_text())
     assert code_ws["onpolicy_samples"] == 8 and "stage1_heldout_reward" in code_ws and code_ws["job"]["warmstart"]["onpolicy_steps"] == 2
-    assert "onpolicy_samples" not in tool_ws and tool_ws["stage1_dir"] == "results/smoke/warmstart_stage1/tooluse/seed0"
+    assert "onpolicy_samples" not in tool_ws and tool_ws["stage1_dir"] == "results/smoke/warmstart_stage1/tooluse"
     summary = tmp_path / "results" / "smoke" / "runs" / "code" / "grpo" / "seed0" / "summary.json"
     assert summary.exists()
     # LOPD's ablations: every variant (and LOPD itself) on the ablation domains, cold starts shared by K and J
@@ -77,6 +77,19 @@ def test_smoke_pipeline_writes_table1(tmp_path):
     lopd_code = df[(df.domain == "code") & (df.method == "lopd")].iloc[0]
     assert f"LOPD {lopd_code['mean']:.3f}" in rep or "best mean LOPD" in rep
     assert "![sample efficiency](figures/sample_efficiency.png)" in rep and "## Behaviour" in rep and "P(LOPD > GRPO)" in rep and "## Teacher sanity check" in rep
+    # every run of a domain starts from its one base policy; the runs of a method differ by RL seed only
+    for p in (tmp_path / "results" / "smoke" / "runs").glob("*/*/seed*/summary.json"):
+        s = json.loads(p.read_text())
+        assert s["warmstart"] == f"results/smoke/warmstart/{s['domain']}"
+    # the test-bed checks: a row for every check on both domains (the smoke values need not pass)
+    tb = pd.read_csv(res_dir / "testbed.csv")
+    assert list(tb.columns) == ["domain", "check", "value", "threshold", "pass"]
+    assert set(tb.domain) == {"tooluse", "code"} and len(tb) == 2 * 6 and tb.groupby("domain").check.nunique().eq(6).all()
+    assert rep.index("## Test-bed validity") < rep.index("## Table 1")
+    pr = pd.read_csv(res_dir / "paired.csv")
+    assert set(pr.baseline) == {"grpo", "vanilla"} and (pr.n_seeds == 2).all() and "## Paired differences" in rep
+    cp = pd.read_csv(res_dir / "compute.csv")
+    assert (cp.train_s > 0).all() and (cp.token_passes > 0).all() and "## Compute-matched view" in rep
     # a second invocation has nothing to do
     again = _snakemake(tmp_path, "results/table1.csv", "results/report.md", "--config", "profile=smoke", "--dry-run")
     assert "Nothing to be done" in again.stdout + again.stderr

@@ -16,8 +16,11 @@ from .tokenizer import ChatEncoder
 def summarize(rollouts: Sequence[Rollout], prefix: str = "heldout_") -> dict[str, float]:
     """Score and behaviour statistics of finished episodes (means over episodes)."""
     n = max(len(rollouts), 1)
+    mean = sum(r.reward for r in rollouts) / n
+    var = sum((r.reward - mean) ** 2 for r in rollouts) / (len(rollouts) - 1) if len(rollouts) > 1 else 0.0
     out = {
-        f"{prefix}reward": sum(r.reward for r in rollouts) / n,
+        f"{prefix}reward": mean,
+        f"{prefix}reward_se": (var / n) ** 0.5,  # standard error of the mean reward over these episodes
         f"{prefix}success": sum(r.reward >= 1.0 for r in rollouts) / n,
         f"{prefix}turns": sum(len(r.episode.turns) for r in rollouts) / n,
         f"{prefix}gen_tokens": sum(r.generated_tokens for r in rollouts) / n,

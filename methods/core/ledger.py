@@ -2,7 +2,9 @@
 
 The unit of budget is one student rollout (methods.md, "Budgets").  Teacher
 scoring is compute, not rollouts, and is counted separately as teacher-scored
-tokens, next to distinct tasks seen, generated tokens and wall time.
+tokens, next to distinct tasks seen, generated tokens and wall time; token passes
+through student, teacher and composer (forward and backward) give the
+compute-matched view (``analysis/compute.py``).
 ``pre_rollouts`` are the warm-start policy's rollouts that seeded an experience
 bank before training (retrieval RL, LOPD): not student training rollouts, but
 recorded with every run that used them so the comparison shows them.
@@ -15,6 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+PASS_FIELDS = ("rollout_tokens", "student_fwd_tokens", "student_bwd_tokens", "teacher_bwd_tokens", "composer_fwd_tokens", "composer_bwd_tokens")
+
+
 @dataclass
 class Ledger:
     rollout_budget: int
@@ -24,6 +29,16 @@ class Ledger:
     teacher_tokens: int = 0
     pre_rollouts: int = 0
     wall_s: float = 0.0
+    eval_wall_s: float = 0.0  # of wall_s, spent in held-out evaluations (the same work for every method)
+    # token passes through each network (compute, beside the rollout budget): one token through one
+    # forward (fwd) or backward (bwd) pass; rollout_tokens: every token of the sampled sequences
+    # (prompt prefill, observations and generated tokens).  teacher_tokens is the teacher's forward.
+    rollout_tokens: int = 0
+    student_fwd_tokens: int = 0
+    student_bwd_tokens: int = 0
+    teacher_bwd_tokens: int = 0
+    composer_fwd_tokens: int = 0
+    composer_bwd_tokens: int = 0
     _tasks: set[str] = field(default_factory=set)
     _t0: float | None = None
 
@@ -54,6 +69,16 @@ class Ledger:
     def add_teacher_tokens(self, n: int) -> None:
         self.teacher_tokens += int(n)
 
+    def add_passes(self, **tokens: int) -> None:
+        """Count token passes, e.g. ``add_passes(student_fwd_tokens=n, student_bwd_tokens=n)``."""
+        for name, n in tokens.items():
+            if name not in PASS_FIELDS:
+                raise KeyError(f"unknown token-pass counter {name!r}; known: {', '.join(PASS_FIELDS)}")
+            setattr(self, name, getattr(self, name) + int(n))
+
+    def add_eval_time(self, seconds: float) -> None:
+        self.eval_wall_s += float(seconds)
+
     def snapshot(self) -> dict[str, Any]:
         return {
             "rollouts": self.rollouts,
@@ -64,6 +89,8 @@ class Ledger:
             "teacher_tokens": self.teacher_tokens,
             "pre_rollouts": self.pre_rollouts,
             "wall_s": round(self.wall_s, 3),
+            "eval_wall_s": round(self.eval_wall_s, 3),
+            **{name: getattr(self, name) for name in PASS_FIELDS},
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -73,4 +100,7 @@ class Ledger:
         for k in ("rollouts", "steps", "generated_tokens", "teacher_tokens", "wall_s"):
             setattr(self, k, s[k])
         self.pre_rollouts = s.get("pre_rollouts", self.pre_rollouts)
+        self.eval_wall_s = s.get("eval_wall_s", 0.0)
+        for name in PASS_FIELDS:
+            setattr(self, name, s.get(name, 0))
         self._tasks = set(s["tasks"])

@@ -237,6 +237,7 @@ def train(method: Method, run: RunContext, out_dir: Path, label: str = "", finge
         t0 = time.perf_counter()
         res = evaluate(model, run.encoder, domain, test_tasks, cfg.sampling(eval=True), contexts_fn=method.student_contexts, seed=run.seed)
         evals_done.extend(due)
+        ledger.add_eval_time(time.perf_counter() - t0)
         rec = {"kind": "eval", "step": ledger.steps, **ledger.snapshot(), **res, "eval_s": round(time.perf_counter() - t0, 4)}
         metrics.write(rec)
         _log(f"[{label}] eval at {ledger.rollouts}/{ledger.rollout_budget} rollouts: heldout_reward {res['heldout_reward']:.3f}")
@@ -259,9 +260,10 @@ def train(method: Method, run: RunContext, out_dir: Path, label: str = "", finge
         model.train()
         t_roll = time.perf_counter() - t0
         ledger.add_rollouts([t.task_id for t in expanded], sum(r.generated_tokens for r in rollouts))
+        ledger.add_passes(rollout_tokens=sum(len(r.ids) for r in rollouts))
         t0 = time.perf_counter()
         batch = collate(rollouts, groups, run.encoder.pad_id, run.device)
-        step_metrics = _update(method, model, optimizer, batch, cfg)
+        step_metrics = _update(method, model, optimizer, batch, cfg, ledger)
         step_metrics.update(method.after_step(batch))
         t_update = time.perf_counter() - t0
         ledger.steps += 1
@@ -290,7 +292,7 @@ def train(method: Method, run: RunContext, out_dir: Path, label: str = "", finge
     return final[-1]
 
 
-def _update(method: Method, model, optimizer, batch: RolloutBatch, cfg: TrainConfig) -> dict[str, float]:
+def _update(method: Method, model, optimizer, batch: RolloutBatch, cfg: TrainConfig, ledger: Ledger) -> dict[str, float]:
     """PPO-style epochs over minibatches from the same old log-probs.
 
     The sampler already computed π_old of every sampled token, so by default no
@@ -301,6 +303,7 @@ def _update(method: Method, model, optimizer, batch: RolloutBatch, cfg: TrainCon
         with torch.no_grad():
             old_logp, _ = agent_token_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, cfg.temperature)
         batch.extras["old_logp"] = old_logp
+        ledger.add_passes(student_fwd_tokens=int(batch.attention_mask.sum()))
     else:
         batch.extras["old_logp"] = batch.sample_logp
     sums: dict[str, float] = dict(method.prepare(batch))
@@ -316,6 +319,8 @@ def _update(method: Method, model, optimizer, batch: RolloutBatch, cfg: TrainCon
             loss, m = method.loss(batch, rows, logp, logits)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            n_tok = int(attn[:, :width].sum())
+            ledger.add_passes(student_fwd_tokens=n_tok, student_bwd_tokens=n_tok)
             gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             optimizer.step()
             m = {"loss": float(loss.detach()), "grad_norm": float(gnorm), **m}

@@ -36,9 +36,10 @@ from dataclasses import dataclass
 
 import torch
 
-from methods.core.batch import RolloutBatch, agent_logits
-from methods.core.distill import DistillConfig, SelfDistillation
+from methods.core.batch import RolloutBatch, agent_logits, pad_examples
+from methods.core.distill import DistillConfig, SelfDistillation, checked_gain
 from methods.core.registry import register_method
+from methods.core.rollout import initial_prompt_ids, trajectory_ids
 from methods.divergences import divergence, token_mean
 from methods.experience import BankConfig, ExperienceBank
 from methods.experience.bank import same_group_share
@@ -153,6 +154,7 @@ class LOPD(SelfDistillation):
         # repeat within a run, and unbounded the cache grows by J·K·d floats per rollout
         self._anchor: OrderedDict[tuple[str, str], torch.Tensor] = OrderedDict()
         self._pending: dict | None = None
+        self._composer_tokens = 0  # tokens the last compose() encoded (its backward pass goes through them again)
 
     # --- latents -----------------------------------------------------------------
     def retrieve(self, tasks):
@@ -163,8 +165,11 @@ class LOPD(SelfDistillation):
         keys = [(t.task_id, e.task_id) for t, hs in zip(tasks, hits) for e in hs]
         with torch.set_grad_enabled(self.cfg.train_composer):
             per_task, lat, ids = self.composer.compose([t.prompt for t in tasks], hits)
+        self._composer_tokens = sum(len(x) for x in ids)
+        self.run.ledger.add_passes(composer_fwd_tokens=self._composer_tokens)
         missing = [i for i, k in enumerate(keys) if k not in self._anchor]
         if missing:
+            self.run.ledger.add_passes(composer_fwd_tokens=sum(len(ids[i]) for i in missing))
             with torch.no_grad():
                 anch = torch.func.functional_call(self.composer, self.phi0, ([ids[i] for i in missing],), strict=False)
             for i, a in zip(missing, anch):
@@ -210,12 +215,19 @@ class LOPD(SelfDistillation):
             lat, all_lat, anchor = self.compose([rs[i].task for i in rows], [hits[i] for i in rows])
             t_comp = time.perf_counter() - t0
             t0 = time.perf_counter()
+            teacher_before = self.run.ledger.teacher_tokens
             with torch.set_grad_enabled(cfg.train_composer):
                 scored = self.teacher_forward([rs[i] for i in rows], lat)
+            # what the composer step's backward pass goes through (through the teacher to the latents, then the composer)
+            backward = {"teacher_bwd_tokens": self.run.ledger.teacher_tokens - teacher_before}
             out.update({"composer_s": round(t_comp, 4), "teacher_s": round(time.perf_counter() - t0, 4)})
             for i, s in zip(rows, scored):
                 teacher[i] = s
-            self._pending = {"rows": [i for i, s in zip(rows, scored) if s is not None], "scored": [s for s in scored if s is not None], "latents": all_lat, "anchor": anchor}
+            if not self._gain_logged:
+                self._gain_logged = True
+                out.update(self.gain_record([rs[i] for i in rows], [x.detach() for x in lat]))
+            self._pending = {"rows": [i for i, s in zip(rows, scored) if s is not None], "scored": [s for s in scored if s is not None], "latents": all_lat, "anchor": anchor,
+                             "backward": {**backward, "composer_bwd_tokens": self._composer_tokens}}
         success = batch.rewards >= cfg.success_threshold
         has = torch.tensor([t is not None for t in teacher], device=batch.rewards.device)
         signal = has & success if cfg.distill_only_successes else has
@@ -227,6 +239,55 @@ class LOPD(SelfDistillation):
         if self._pending is not None:
             out.update(self._margin_terms(batch))
         return out
+
+    def gain_record(self, rollouts, latents) -> dict[str, float]:
+        """The sanity check every self-distillation method logs once (:func:`methods.core.distill.gain_record`),
+        with latents for the text context: the frozen teacher's mean per-token log-likelihood of the
+        expert's actions with each task's composed latents minus without any context
+        (``teacher_context_gain``), and the same on the student's own failed attempts
+        (``teacher_failed_shift``: a size, not a pass/fail).  Reuses this step's latents, so it
+        draws no random numbers and changes nothing the run trains on."""
+        domain, enc = self.run.domain, self.run.encoder
+        firsts = {}
+        for r, lat in zip(rollouts, latents):
+            firsts.setdefault(r.task.task_id, (r.task, lat))
+        expert = []
+        for task, lat in firsts.values():
+            ids, mask = trajectory_ids(enc, domain, task, None, domain.expert_trajectory(task).turns)
+            start = len(initial_prompt_ids(enc, domain, task, None))
+            expert.append((task, lat, ids[start:], mask[start:]))
+        out = {"teacher_context_gain": checked_gain(self.name, self._latent_shift(expert)), "teacher_context_pairs": len(expert)}
+        failed = [(r.task, lat, r.ids[r.prompt_len :], r.agent_mask[r.prompt_len :]) for r, lat in zip(rollouts, latents) if r.reward < 1.0]
+        if failed:
+            out.update({"teacher_failed_shift": self._latent_shift(failed), "teacher_failed_attempts": len(failed)})
+        return out
+
+    @torch.no_grad()
+    def _latent_shift(self, items) -> float:
+        """Mean per-token log-lik of the agent tokens of ``items`` = [(task, latents, tail ids, tail
+        mask)] under the frozen teacher with the latents minus with no context (LoRA off both ways)."""
+        domain = self.run.domain
+        seqs = [(self.composer.teacher_sequence(domain, t, int(lat.shape[0]), ids, m), self.composer.teacher_sequence(domain, t, 0, ids, m), lat) for t, lat, ids, m in items]
+        seqs = [s for s in seqs if len(s[0][0]) <= self.teacher.max_len]
+        if not seqs:
+            return 0.0
+
+        def mean_logp(which: int) -> float:
+            tot, cnt = 0.0, 0
+            for start in range(0, len(seqs), TEACHER_CHUNK):
+                chunk = seqs[start : start + TEACHER_CHUNK]
+                ids, attn, mask = pad_examples([c[which][:2] for c in chunk], self.run.encoder.pad_id)
+                dev = self.run.device
+                ids, attn, mask = ids.to(dev), attn.to(dev), mask.to(dev)
+                lats = [c[2] if which == 0 else c[2][:0] for c in chunk]
+                logits = self.composer.teacher_logits(ids, attn, mask, lats, [c[which][2] for c in chunk])
+                tok = ids[:, 1:][mask.bool()]
+                lp = torch.log_softmax(logits.float(), -1).gather(-1, tok[:, None])
+                tot += float(lp.sum())
+                cnt += int(lp.numel())
+            return tot / max(cnt, 1)
+
+        return mean_logp(0) - mean_logp(1)
 
     def _margin_terms(self, batch: RolloutBatch) -> dict[str, float]:
         """Δ (M1-M3), the composer's KL and the anchor on this batch, kept for the composer step."""
@@ -272,6 +333,7 @@ class LOPD(SelfDistillation):
             loss.backward()
             gnorm = torch.nn.utils.clip_grad_norm_([q for q in self.composer.parameters() if q.requires_grad], self.run.train_cfg.grad_clip)
             self.optimizer.step()
+            self.run.ledger.add_passes(**p["backward"])
             self.beta = dual_update(self.beta, float(p["margin"].detach()), cfg.margin, cfg.dual_lr)
             out.update({"lopd_composer_loss": float(loss.detach()), "lopd_composer_grad_norm": float(gnorm), "composer_step_s": round(time.perf_counter() - t0, 4), "lopd_beta": self.beta})
         self._pending = None

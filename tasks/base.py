@@ -157,6 +157,13 @@ class TaskDomain(abc.ABC):
             ep.step(ep.expert_action())
         return ep
 
+    def imperfect_trajectory(self, task: Task, rng, recovery: float) -> Episode:
+        """A demonstration by an *imperfect* demonstrator, for the warm start's demonstrations
+        without a context block (the stand-in for pretraining data with systematic mistakes that
+        reward reveals, the headroom RL works on).  ``recovery`` is how often it reacts correctly
+        to the cue its mistakes depend on.  Domains without one return the expert's."""
+        return self.expert_trajectory(task)
+
     def close(self) -> None:
         """Release resources (worker pools)."""
 

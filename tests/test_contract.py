@@ -70,7 +70,7 @@ class _Interrupt(Exception):
 
 
 def _strip_time(recs):
-    drop = {"wall_s", "rollout_s", "update_s", "eval_s", "retrieval_s", "bank_add_s", "composer_s", "teacher_s", "composer_step_s", "lopd_retrieval_s"}  # wall-clock timings
+    drop = {"wall_s", "eval_wall_s", "rollout_s", "update_s", "eval_s", "retrieval_s", "bank_add_s", "composer_s", "teacher_s", "composer_step_s", "lopd_retrieval_s"}  # wall-clock timings
     return [{k: v for k, v in r.items() if k not in drop} for r in recs]
 
 

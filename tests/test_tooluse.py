@@ -70,7 +70,7 @@ def _entity_names(task) -> set[str]:
 # --------------------------------------------------------------------------- registry and sizes
 def test_registered():
     assert "tooluse" in known_domains()
-    assert ToolUseDomain.version == "tooluse-v2"
+    assert ToolUseDomain.version == "tooluse-v3"
 
 
 def test_default_split_sizes(domain):
@@ -137,7 +137,7 @@ def test_test_split_has_seen_and_unseen_variants(train, test):
     seen_groups = {t.group_id for t in train}
     unseen = [t for t in test if _variant_index(t) >= N_TRAIN_VARIANTS]
     seen = [t for t in test if t.group_id in seen_groups]
-    assert 0.1 <= len(unseen) / len(test) <= 0.3
+    assert 0.05 <= len(unseen) / len(test) <= 0.2  # TEST_ONLY_FRACTION 0.1
     assert len(seen) + len(unseen) == len(test)
     assert not {t.group_id for t in unseen} & seen_groups
 
@@ -147,7 +147,8 @@ def test_task_fields(train, test):
     assert len(set(ids)) == len(ids)
     for task in train + test:
         lines = task.prompt.splitlines()
-        assert len(lines) == 3 and lines[0] == f"env: {task.group_id}" and lines[1].startswith("tools: ")
+        variant = make_variant(KINDS[task.payload["kind"]], task.payload["variant"])
+        assert len(lines) == 3 and lines[0] == f"env: {variant.name}" and lines[1].startswith("tools: ")
         assert len(task.prompt) <= 160
         assert task.reference.splitlines()[-1] == "done"
         assert len(task.reference.splitlines()) <= task.max_turns <= 8
@@ -342,7 +343,7 @@ def test_variants_differ_within_kind(train):
         assert calls_a != calls_b or a.prompt.splitlines()[1] != b.prompt.splitlines()[1]
     for kind in KINDS.values():
         rules = {repr(sorted(make_variant(kind, i).rules.items())) for i in range(N_TRAIN_VARIANTS)}
-        assert len(rules) >= 6
+        assert len(rules) >= N_TRAIN_VARIANTS // 2
 
 
 def test_tools_listed_in_role_order():
@@ -373,7 +374,7 @@ def test_about_half_the_variants_have_two_rules(train):
     for kind in KINDS.values():
         counts = [len(kind.rule_names(make_variant(kind, i).rules)) for i in ALL_VARIANTS]
         assert min(counts) >= 1 and max(counts) <= 2
-        assert 0.3 <= sum(c == 2 for c in counts) / len(counts) <= 0.7
+        assert 0.2 <= sum(c == 2 for c in counts) / len(counts) <= 0.8  # about half, of 10 variants
     assert sum(map(_rule_affected, train)) / len(train) >= 0.75
 
 
@@ -417,3 +418,46 @@ def test_random_tool_calls_never_raise(domain, train, which, calls):
         obs = ep.step(f"{tools[idx % len(tools)]}({', '.join(args)})").observation
         assert obs is None or len(obs) <= 60
     assert 0.0 <= ep.reward() <= 1.0
+
+
+def test_environments_have_distinct_names_that_warm_start_variants_never_take():
+    from tasks.tooluse.generate import WARMSTART_VARIANT_BASE
+
+    names = [make_variant(k, i).name for k in KINDS.values() for i in ALL_VARIANTS]
+    assert len(set(names)) == len(names) and all(n.isalpha() and n[0].isupper() for n in names)
+    fresh = {make_variant(k, WARMSTART_VARIANT_BASE + i).name for k in KINDS.values() for i in range(300)}
+    assert not fresh & set(names)
+
+
+@pytest.mark.parametrize("recovery", [0.0, 0.35, 1.0])
+def test_the_imperfect_demonstrator_recovers_from_rule_errors_as_often_as_told(domain, recovery):
+    """Rule-unaware: its calls are the instruction's own; after 'needs X first' it makes X and retries
+    with probability ``recovery``, else moves on.  It never makes any other kind of error."""
+    import random as _random
+
+    tasks = domain.tasks("warmstart", 300)
+    rng = _random.Random(0)
+    eps = [domain.imperfect_trajectory(t, rng, recovery) for t in tasks]
+    recovered = skipped = 0
+    for ep in eps:
+        acts = [t.action for t in ep.turns]
+        moved_on = False
+        for k, turn in enumerate(ep.turns[:-1]):
+            rule_error = bool(turn.observation) and turn.observation.startswith("error:") and " needs " in turn.observation
+            # any other error only follows a skipped step (e.g. closing an account it did not empty)
+            assert moved_on or not (turn.observation or "").startswith("error:") or rule_error, (acts, turn)
+            if rule_error and acts[k] != "done":
+                fix = turn.observation.split(" needs ")[1][: -len(" first")]
+                if acts[k + 1] == fix:
+                    recovered += 1
+                    assert acts[k + 2] == acts[k]  # and the same call again
+                else:
+                    skipped += 1
+                    moved_on = True
+    assert recovered + skipped > 100
+    share = recovered / (recovered + skipped)
+    assert share == pytest.approx(recovery, abs=0.08)
+    again = [domain.imperfect_trajectory(t, _random.Random(0), recovery) for t in tasks[:1]]
+    assert [t.action for t in again[0].turns] == [t.action for t in eps[0].turns]  # deterministic in its rng
+    mean = sum(e.reward() for e in eps) / len(eps)
+    assert (mean < 0.5) if recovery == 0.0 else (mean > 0.8 if recovery == 1.0 else 0.3 < mean < 0.7)

@@ -71,7 +71,8 @@ def test_warmstart_never_shows_a_test_prompt_or_test_names(domain):
 #: fingerprint of the first 200 train and 200 test tasks per domain version.  The
 #: methods' world must not move under a version: change the data, bump the version
 #: (code-v3 changed only the warm-start split, so its train/test equal code-v2's).
-SPLIT_FINGERPRINTS = {"tooluse-v2": "c461d8bc24830ade", "code-v2": "b6ae8d24f05ccc7c", "code-v3": "b6ae8d24f05ccc7c"}
+SPLIT_FINGERPRINTS = {"tooluse-v2": "c461d8bc24830ade", "code-v2": "b6ae8d24f05ccc7c", "code-v3": "b6ae8d24f05ccc7c",
+                      "tooluse-v3": "832e0976bb327783", "code-v4": "e2845f3525875950"}
 
 
 def test_train_and_test_splits_are_pinned_by_the_version(domain):
@@ -215,3 +216,27 @@ def test_warmstart_contexts_use_the_methods_formats(domain, kind):
     for (ids, mask), e in zip(examples, eps):
         target = enc.decode([t for t, m in zip(ids, mask) if m and t != enc.eos_id])
         assert "".join(target.split()) == "".join("".join(t.action.split()) for t in e.turns)
+
+
+@pytest.mark.parametrize("demo_recovery", [None, 0.0])
+def test_demonstrations_without_context_come_from_the_imperfect_demonstrator(demo_recovery):
+    """demo_recovery None: every demonstration is the expert's.  A number: those without a
+    context block are the domain's imperfect demonstrator's (here: one that never recovers)."""
+    from methods.core.rollout import trajectory_ids
+    from methods.core.tokenizer import ChatEncoder, train_tokenizer
+    from methods.core.warmstart import build_examples
+    from tasks.base import format_trace
+
+    domain = get_domain("tooluse", seed=0)
+    eps = expert_episodes(domain, domain.tasks("warmstart", 40))
+    enc = ChatEncoder(train_tokenizer([format_trace(e.task, e.turns) for e in eps], vocab_size=400))
+    cfg = WarmStartConfig(context_share=0.0, demo_recovery=demo_recovery)
+    got = build_examples(domain, enc, eps, cfg, random.Random(0))
+    if demo_recovery is None:
+        want = [trajectory_ids(enc, domain, e.task, None, e.turns) for e in eps]
+    else:
+        want = [trajectory_ids(enc, domain, e.task, None, domain.imperfect_trajectory(e.task, random.Random(1), 0.0).turns) for e in eps]
+        assert want != [trajectory_ids(enc, domain, e.task, None, e.turns) for e in eps]  # it does make mistakes here
+    assert [tuple(map(tuple, x)) for x in got] == [tuple(map(tuple, x)) for x in want]
+    with pytest.raises(ValueError, match="demo_recovery"):
+        WarmStartConfig(demo_recovery=1.5)

@@ -81,6 +81,11 @@ class WarmStartConfig:
     bucket_batches: bool = True  # draw each batch from a length-sorted pool of 16 batches (less padding)
     copy_share: float = 0.0  # share of extra synthetic "repeat: <text>" examples (a pretraining-like copy skill)
     recovery_share: float = 0.0  # share of multi-turn demonstrations with one corrupted call and the recovery from its error
+    # None: every demonstration is the scripted expert's.  A number q: demonstrations *without* a context
+    # block come from the domain's imperfect demonstrator (TaskDomain.imperfect_trajectory), which reacts
+    # correctly to the cue of its systematic mistakes with probability q: the SFT-then-RL headroom
+    # (docs/testbed.md).  Demonstrations with a context keep the expert's turns (the context shows how).
+    demo_recovery: float | None = None
     # Item 5: a second stage on contexts built from the policy's *own* samples (0 steps: off)
     onpolicy_steps: int = 0  # SFT steps of that stage
     onpolicy_tasks: int = 2000  # fresh warm-start tasks, each sampled onpolicy_group times at the training temperature
@@ -102,6 +107,8 @@ class WarmStartConfig:
                 f"warmstart.same_task_share + feedback_share + skill_share must be <= 1 (shares of the context demonstrations), "
                 f"got {self.same_task_share} + {self.feedback_share} + {self.skill_share}"
             )
+        if self.demo_recovery is not None and not (0.0 <= self.demo_recovery <= 1.0):
+            raise ValueError(f"warmstart.demo_recovery must be null or in [0, 1], got {self.demo_recovery}")
         for name in ("lr", "onpolicy_lr"):
             if not (0 < getattr(self, name) < 1):
                 raise ValueError(f"warmstart.{name} must be in (0, 1), got {getattr(self, name)}")
@@ -229,6 +236,11 @@ def build_examples(domain, encoder, episodes, cfg: WarmStartConfig, rng: random.
         by_group.setdefault(e.task.group_id, []).append(e)
     noisy = recovery_demos(domain, episodes, cfg.recovery_share, random.Random(rng.random()))
     contexts = [_context_for(e.task, e, by_group, rng, cfg) if rng.random() < cfg.context_share else None for e in episodes]
+    if cfg.demo_recovery is not None:  # the demonstrations without a context: the imperfect demonstrator's
+        imp = random.Random(f"imperfect/{rng.random()}")
+        for i, (e, ctx) in enumerate(zip(episodes, contexts)):
+            if ctx is None and i not in noisy:
+                noisy[i] = (domain.imperfect_trajectory(e.task, imp, cfg.demo_recovery).turns, frozenset())
     need = {c[1].task.task_id: c[1] for c in contexts if isinstance(c, tuple)}
     failed = failed_attempts(domain, list(need.values()), random.Random(f"failed/{rng.random()}")) if need else {}
     examples = []

@@ -5,7 +5,7 @@ Problems come from the grammar in ``families.py`` (list/string/number
 templates, and projects that each carry one or two unstated conventions,
 independent of the template) via the deterministic generator in
 ``generator.py``.  The prompt's first line names the project
-(``project: p-17``); ``Task.group_id`` is the project id, so experience from
+(``project: Velmora``, a pseudo-word); ``Task.group_id`` is the project id, so experience from
 the same project carries what the task line lacks: the project's convention.
 Some projects appear only in the test split.  An episode is a single turn: the
 action is a program, which runs against 6-8 hidden tests in the isolated
@@ -96,7 +96,7 @@ class CodeDomain(TaskDomain):
     without them it shares the process-wide default sandbox."""
 
     name = "code"
-    version = "code-v3"
+    version = "code-v4"
     system_prompt = "Write the Python function f. Reply with the code only."
 
     def __init__(self, seed: int = 0, **options: Any):

@@ -83,9 +83,21 @@ class Template:
 
 @dataclass(frozen=True)
 class Project:
-    id: str  # shown in the prompt ("p-17") and used as the task's group_id
+    id: str  # the task's group_id ("p-17")
     conventions: tuple[str, ...]  # one, or one input-side + one output-side
     test_only: bool  # never appears in the train split
+    name: str = ""  # shown in the prompt ("project: Velmora"): a name retrieval can find
+
+    @property
+    def shown(self) -> str:
+        return self.name or self.id
+
+
+_SYLLABLES = ("ba", "ve", "lo", "mi", "ra", "ten", "dor", "ka", "sul", "fen", "mar", "os", "qui", "zan", "pel", "tor", "wen", "il", "gra", "nu")
+
+
+def _pseudo_word(rng: random.Random) -> str:
+    return "".join(rng.choice(_SYLLABLES) for _ in range(3)).capitalize()
 
 
 CONVENTIONS: dict[str, Convention] = {
@@ -171,23 +183,29 @@ TEMPLATES: tuple[Template, ...] = (
 )
 
 
-def _make_projects(n_train: int = 60, n_test_only: int = 15) -> tuple[Project, ...]:
+def _make_projects(n_train: int = 12, n_test_only: int = 4) -> tuple[Project, ...]:
     """A fixed set of projects (independent of the domain seed).
 
-    Train projects: every convention alone three times, the rest input+output
-    pairs; test-only projects: every convention alone once, the rest pairs not
-    used by train projects.  Ids are shuffled two-digit numbers, so an id says
-    nothing about its conventions or its split.
+    Train projects: every convention alone once, the rest input+output pairs;
+    test-only projects: pairs no train project uses.  Few projects, so that a
+    1,600-rollout run and a 1,000-task bank see each one often.  Ids are
+    shuffled two-digit numbers and names pronounceable pseudo-words, so neither
+    says anything about a project's conventions or its split.
     """
-    rng = random.Random("code-v2:projects")
+    rng = random.Random("code-v4:projects")
     singles = [(c,) for c in CONVENTIONS]
     pairs = [(p.name, w.name) for p in PRE_CONVENTIONS for w in WRAP_CONVENTIONS]
     rng.shuffle(pairs)
-    train_sets = singles * 3 + pairs[: n_train - 3 * len(singles)]
-    test_sets = singles + pairs[len(pairs) - (n_test_only - len(singles)):]
+    train_sets = singles + pairs[: n_train - len(singles)]
+    test_sets = pairs[len(pairs) - n_test_only :]
     ids = rng.sample(range(10, 100), n_train + n_test_only)
-    projects = [Project(f"p-{i}", convs, False) for i, convs in zip(ids, train_sets)]
-    projects += [Project(f"p-{i}", convs, True) for i, convs in zip(ids[n_train:], test_sets)]
+    names: list[str] = []
+    while len(names) < n_train + n_test_only:
+        w = _pseudo_word(rng)
+        if w not in names:
+            names.append(w)
+    projects = [Project(f"p-{i}", convs, False, nm) for i, convs, nm in zip(ids, train_sets, names)]
+    projects += [Project(f"p-{i}", convs, True, nm) for i, convs, nm in zip(ids[n_train:], test_sets, names[n_train:])]
     return tuple(sorted(projects, key=lambda p: p.id))
 
 
@@ -208,7 +226,11 @@ def warmstart_project(g: int) -> Project:
         convs = (rng.choice(list(CONVENTIONS)),)
     else:
         convs = (rng.choice(PRE_CONVENTIONS).name, rng.choice(WRAP_CONVENTIONS).name)
-    return Project(f"p-{WARMSTART_PROJECT_BASE + g}", convs, False)
+    taken = {p.name for p in PROJECTS}
+    name = _pseudo_word(rng)
+    while name in taken:
+        name = _pseudo_word(rng)
+    return Project(f"p-{WARMSTART_PROJECT_BASE + g}", convs, False, name)
 
 
 def render_reference(template: Template, params: dict, conventions: tuple[str, ...] = ()) -> str:

@@ -46,7 +46,7 @@ _EDGES = {
     "n": (0, -7, -305),
 }
 _LETTERS = "abcdefgh"
-_TEST_ONLY_EVERY = 5  # every 5th test task is on a test-only project
+_TEST_ONLY_EVERY = 10  # every 10th test task is on a test-only project
 
 
 def _stable_hash(text: str) -> int:
@@ -221,7 +221,7 @@ def _hidden_tests(rng, template: Template, ref: Callable, variants: tuple) -> li
 
 # --------------------------------------------------------------------------- prompts and splits
 def _prompt(project: Project, template: Template, params: dict, examples: list[tuple]) -> str:
-    lines = [f"project: {project.id}", template.text.format(**params), f"def f({template.arg}):"]
+    lines = [f"project: {project.shown}", template.text.format(**params), f"def f({template.arg}):"]
     lines += [f"f({x!r}) == {y!r}" for x, y in examples]
     return "\n".join(lines)
 

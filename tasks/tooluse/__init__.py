@@ -1,7 +1,7 @@
 """Tool use: procedurally generated stateful tool environments (EnvScaler-like).
 
-Four kinds (bank, inventory, calendar, library), each in 40 train variants
-plus 10 test-only variants that rename the tools (listed in a fixed role
+Four kinds (bank, inventory, calendar, library), each in 8 train variants
+plus 2 test-only variants that rename the tools (listed in a fixed role
 order per kind), reorder their arguments (shown in the signatures), change
 the short id format and add hidden rules the instruction never states
 (approvals above a threshold, cents, required scans / inspections /
@@ -14,9 +14,16 @@ reward is the fraction of end-state checks that hold.
 
 v2 (``tooluse-v2``) over v1: no name-form rules, canonical tool order, short
 ids and observations, shorter prompts, a majority-touching rule per variant.
+v3 (``tooluse-v3``) over v2: environments have names ("env: Velmora"), 8 train
+and 2 test-only variants per kind (was 40 and 10), 10 % of test tasks on
+test-only variants (was 20 %), and an imperfect, rule-unaware demonstrator
+(:meth:`ToolUseDomain.imperfect_trajectory`) for the warm start
+(``docs/testbed.md``).
 """
 
 from __future__ import annotations
+
+import re
 
 from ..base import Episode, Task, TaskDomain, register_domain
 from .episode import ToolEpisode
@@ -25,12 +32,13 @@ from .generate import make_task
 __all__ = ["ToolUseDomain", "ToolEpisode"]
 
 _DEFAULT_N = {"train": 5000, "test": 300, "warmstart": 40000}
+_NEEDS = re.compile(r"error:(?: over \S+)? needs (.+) first")
 
 
 @register_domain
 class ToolUseDomain(TaskDomain):
     name = "tooluse"
-    version = "tooluse-v2"
+    version = "tooluse-v3"
     system_prompt = "Use the tools, one call per turn, like name(arg, arg). Reply done when the task is finished."
 
     def tasks(self, split: str, n: int | None = None) -> list[Task]:
@@ -41,3 +49,22 @@ class ToolUseDomain(TaskDomain):
 
     def reset(self, task: Task) -> Episode:
         return ToolEpisode(task)
+
+    def imperfect_trajectory(self, task: Task, rng, recovery: float) -> Episode:
+        """The rule-unaware demonstrator: it carries out the instruction's calls (the template's
+        intent, without the steps the variant's hidden rules demand), and when a call breaks a
+        rule ("error: needs scan(s-61) first") it makes the named call and retries with
+        probability ``recovery``, else moves on to its next call, losing that step's checks.
+        The cue is the error observation, the same in every variant, so a policy that learns to
+        recover does better on every environment, seen or not."""
+        ep = ToolEpisode(task)
+        intent = [ep.variant.render(step) for step in task.payload["intent"]] + ["done"]
+        i = 0
+        while i < len(intent) and not ep.done:
+            obs = ep.step(intent[i]).observation or ""
+            fix = _NEEDS.fullmatch(obs)
+            if fix and not ep.done and rng.random() < recovery:
+                ep.step(fix.group(1))  # the named call, then the same call again
+                continue
+            i += 1
+        return ep

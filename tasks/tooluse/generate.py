@@ -19,7 +19,7 @@ from .variants import N_TEST_VARIANTS, N_TRAIN_VARIANTS, make_variant
 __all__ = ["DOMAIN", "TEST_ONLY_FRACTION", "MAX_TURNS", "WARMSTART_VARIANT_BASE", "make_task", "task_for", "all_template_ids"]
 
 DOMAIN = "tooluse"
-TEST_ONLY_FRACTION = 0.2
+TEST_ONLY_FRACTION = 0.1
 MAX_TURNS = 8
 _KIND_NAMES = tuple(KINDS)
 
@@ -77,8 +77,8 @@ def _build(rng: random.Random, seed: int, split: str, i, variant, template_id: s
         split=split,
         template_id=template_id,
         group_id=variant.vid,
-        prompt=f"env: {variant.vid}\n{variant.tool_line()}\n{draft.instruction}",
+        prompt=f"env: {variant.name}\n{variant.tool_line()}\n{draft.instruction}",
         reference="\n".join(calls),
         max_turns=min(len(calls) + 2, MAX_TURNS),
-        payload={"kind": kind.name, "variant": variant.index, "state": state, "plan": tuple(plan), "checks": checks},
+        payload={"kind": kind.name, "variant": variant.index, "state": state, "plan": tuple(plan), "intent": tuple(draft.intent), "checks": checks},
     )

@@ -147,8 +147,7 @@ def test_task_fields(train, test):
     assert len(set(ids)) == len(ids)
     for task in train + test:
         lines = task.prompt.splitlines()
-        variant = make_variant(KINDS[task.payload["kind"]], task.payload["variant"])
-        assert len(lines) == 3 and lines[0] == f"env: {variant.name}" and lines[1].startswith("tools: ")
+        assert len(lines) == 3 and lines[0] == f"env: {task.group_id}" and lines[1].startswith("tools: ")
         assert len(task.prompt) <= 160
         assert task.reference.splitlines()[-1] == "done"
         assert len(task.reference.splitlines()) <= task.max_turns <= 8
@@ -418,15 +417,6 @@ def test_random_tool_calls_never_raise(domain, train, which, calls):
         obs = ep.step(f"{tools[idx % len(tools)]}({', '.join(args)})").observation
         assert obs is None or len(obs) <= 60
     assert 0.0 <= ep.reward() <= 1.0
-
-
-def test_environments_have_distinct_names_that_warm_start_variants_never_take():
-    from tasks.tooluse.generate import WARMSTART_VARIANT_BASE
-
-    names = [make_variant(k, i).name for k in KINDS.values() for i in ALL_VARIANTS]
-    assert len(set(names)) == len(names) and all(n.isalpha() and n[0].isupper() for n in names)
-    fresh = {make_variant(k, WARMSTART_VARIANT_BASE + i).name for k in KINDS.values() for i in range(300)}
-    assert not fresh & set(names)
 
 
 @pytest.mark.parametrize("recovery", [0.0, 0.35, 1.0])

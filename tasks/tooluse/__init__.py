@@ -14,8 +14,8 @@ reward is the fraction of end-state checks that hold.
 
 v2 (``tooluse-v2``) over v1: no name-form rules, canonical tool order, short
 ids and observations, shorter prompts, a majority-touching rule per variant.
-v3 (``tooluse-v3``) over v2: environments have names ("env: Velmora"), 8 train
-and 2 test-only variants per kind (was 40 and 10), 10 % of test tasks on
+v3 (``tooluse-v3``) over v2: 8 train and 2 test-only variants per kind (was 40
+and 10), 10 % of test tasks on
 test-only variants (was 20 %), and an imperfect, rule-unaware demonstrator
 (:meth:`ToolUseDomain.imperfect_trajectory`) for the warm start
 (``docs/testbed.md``).

@@ -77,7 +77,7 @@ def _build(rng: random.Random, seed: int, split: str, i, variant, template_id: s
         split=split,
         template_id=template_id,
         group_id=variant.vid,
-        prompt=f"env: {variant.name}\n{variant.tool_line()}\n{draft.instruction}",
+        prompt=f"env: {variant.vid}\n{variant.tool_line()}\n{draft.instruction}",
         reference="\n".join(calls),
         max_turns=min(len(calls) + 2, MAX_TURNS),
         payload={"kind": kind.name, "variant": variant.index, "state": state, "plan": tuple(plan), "intent": tuple(draft.intent), "checks": checks},

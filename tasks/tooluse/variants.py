@@ -20,7 +20,7 @@ from typing import Any
 
 from .spec import Kind, Param, Step
 
-__all__ = ["N_TRAIN_VARIANTS", "N_TEST_VARIANTS", "Variant", "env_name", "make_variant"]
+__all__ = ["N_TRAIN_VARIANTS", "N_TEST_VARIANTS", "Variant", "make_variant"]
 
 N_TRAIN_VARIANTS = 8  # per kind: few enough that a 1,600-rollout run and a 1,000-task bank see each one often
 N_TEST_VARIANTS = 2
@@ -38,7 +38,6 @@ class Variant:
     listing: tuple[str, ...]  # ops in the order the prompt lists them (the kind's role order)
     id_style: tuple[str, int, str]  # (prefix, zero-pad width, suffix)
     rules: dict[str, Any]
-    name: str = ""  # the environment's name, as the prompt shows it ("env: Velmora")
 
     @property
     def vid(self) -> str:
@@ -108,33 +107,6 @@ def _tool_names(rng: random.Random, kind: Kind) -> dict[str, str]:
     return tools
 
 
-_SYLLABLES = ("ba", "ve", "lo", "mi", "ra", "ten", "dor", "ka", "sul", "fen", "mar", "os", "qui", "zan", "pel", "tor", "wen", "il", "gra", "nu")
-
-
-def _pseudo_word(rng: random.Random) -> str:
-    return "".join(rng.choice(_SYLLABLES) for _ in range(3)).capitalize()
-
-
-@lru_cache(maxsize=None)
-def _reserved_names() -> frozenset[str]:
-    """The names of the train and test variants of every kind (warm-start variants never take them)."""
-    from .kinds import KINDS
-
-    return frozenset(_pseudo_word(random.Random(f"tooluse-env-name:{k}:{i}")) for k in KINDS for i in range(N_TRAIN_VARIANTS + N_TEST_VARIANTS))
-
-
-def env_name(kind: Kind, index: int) -> str:
-    """A pronounceable name per variant ("Velmora"): what the prompt calls the environment, so that
-    text retrieval (a sentence embedding of the task) finds experience from the same environment.
-    Train and test variants have distinct names; warm-start variants avoid those names."""
-    rng = random.Random(f"tooluse-env-name:{kind.name}:{index}")
-    name = _pseudo_word(rng)
-    if index >= N_TRAIN_VARIANTS + N_TEST_VARIANTS:
-        while name in _reserved_names():
-            name = _pseudo_word(rng)
-    return name
-
-
 @lru_cache(maxsize=None)
 def make_variant(kind: Kind, index: int) -> Variant:
     """Variant ``index`` of ``kind``; deterministic, independent of any seed."""
@@ -143,4 +115,4 @@ def make_variant(kind: Kind, index: int) -> Variant:
     orders = {op: tuple(rng.sample(range(len(ps)), len(ps))) for op, ps in kind.ops.items()}
     listing = tuple(kind.ops)
     id_style = _id_style(rng, kind)
-    return Variant(kind, index, tools, orders, listing, id_style, kind.draw_rules(rng), env_name(kind, index))
+    return Variant(kind, index, tools, orders, listing, id_style, kind.draw_rules(rng))

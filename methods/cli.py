@@ -242,6 +242,22 @@ def cmd_coldstart(args) -> None:
           f"latent gain {b['latent_gain']:+.4f} -> {a['latent_gain']:+.4f} nats/token (text context {a['text_gain']:+.4f}); wrote {out / 'composer.pt'} and {out / 'coldstart.json'}", file=sys.stderr)
 
 
+EVAL_DEFINING = ("eval_episodes", "eval_temperature", "max_new_tokens", "max_seq_len")  # what a held-out evaluation depends on besides the model
+
+
+def _base_eval_of(warmstart: Path, job: dict, version: str) -> dict | None:
+    """The base policy's own held-out evaluation (its ``eval.json``) when it was made on this job's
+    held-out tasks with this job's evaluation settings, else None (the loop then evaluates)."""
+    path = warmstart / "eval.json"
+    if not path.exists():
+        return None
+    base = json.loads(path.read_text())
+    bjob = base.get("job") or {}
+    same = (base.get("domain_version") == version and all(bjob.get(k) == job.get(k) for k in ("domain", "task_seed", "domain_options"))
+            and all((bjob.get("train") or {}).get(k) == job["train"].get(k) for k in EVAL_DEFINING))
+    return base if same else None
+
+
 def cmd_train(args) -> None:
     from methods.core.registry import make_config
     from methods.core.ledger import Ledger
@@ -284,6 +300,9 @@ def cmd_train(args) -> None:
         if not args.composer or not Path(args.composer).exists():
             raise SystemExit(f"method {job['method']} starts from a cold-started composer (--composer composer.pt); got {args.composer!r}. Run `python -m methods.cli coldstart` first.")
         run.extra["composer_path"] = args.composer
+    base = _base_eval_of(Path(args.warmstart), job, domain.version)
+    if base is not None:
+        run.extra["base_eval"] = base
     method = cls(method_cfg, run)
     name = job.get("run_name", job["method"])
     label = f"{name} {job['domain']} s{args.seed}"

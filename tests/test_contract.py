@@ -133,3 +133,32 @@ def test_a_torn_metrics_line_does_not_block_resume(warmstarts, tmp_path):
     log = MetricsLog(tmp_path / "metrics.jsonl")
     log.truncate_to_step(1)
     assert [r["step"] for r in log.records()] == [0, 1, 1]
+
+
+@pytest.mark.parametrize("method_name", ["grpo", "retrieval_rl"])
+def test_the_rollout_0_evaluation_reuses_the_base_policys_where_it_is_the_same_computation(method_name, warmstarts, seeded_banks, tmp_path):
+    """Greedy, same tasks, no student context: the run's first evaluation is the base policy's own
+    (bit-identical, so taken from its eval.json); a method with a student context evaluates."""
+    from dataclasses import replace
+
+    from methods.core.evaluate import evaluate
+
+    ws_path, _ = warmstarts["tooluse"]
+    _, _, cfg = tiny_configs()
+    cfg = replace(cfg, rollout_budget=8)
+    ref_m, ref_run = _run(method_name, "tooluse", ws_path, tmp_path / "ref", cfg, banks=seeded_banks)
+    train(ref_m, ref_run, tmp_path / "ref")
+    computed = json.loads((tmp_path / "ref" / "metrics.jsonl").read_text().splitlines()[0])
+    m, run = _run(method_name, "tooluse", ws_path, tmp_path / "reuse", cfg, banks=seeded_banks)
+    base = evaluate(run.model, run.encoder, run.domain, run.domain.tasks("test", cfg.eval_episodes), cfg.sampling(eval=True), seed=7)
+    run.extra["base_eval"] = {**base, "heldout_reward": base["heldout_reward"] + (0.0 if method_name == "grpo" else 1.0)}
+    train(m, run, tmp_path / "reuse")
+    first = json.loads((tmp_path / "reuse" / "metrics.jsonl").read_text().splitlines()[0])
+    keys = [k for k in computed if k.startswith("heldout_")]
+    assert [first[k] for k in keys] == [computed[k] for k in keys]  # same numbers either way
+    assert first.get("eval_reused", False) == (method_name == "grpo")
+    run.extra["base_eval"] = {**base, "heldout_episodes": cfg.eval_episodes + 1}  # other tasks: not reused
+    m2, run2 = _run(method_name, "tooluse", ws_path, tmp_path / "other", cfg, banks=seeded_banks)
+    run2.extra["base_eval"] = run.extra["base_eval"]
+    train(m2, run2, tmp_path / "other")
+    assert "eval_reused" not in json.loads((tmp_path / "other" / "metrics.jsonl").read_text().splitlines()[0])

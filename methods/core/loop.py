@@ -235,7 +235,9 @@ def train(method: Method, run: RunContext, out_dir: Path, label: str = "", finge
         if not due and not force:
             return None
         t0 = time.perf_counter()
-        res = evaluate(model, run.encoder, domain, test_tasks, cfg.sampling(eval=True), contexts_fn=method.student_contexts, seed=run.seed)
+        res = _base_eval(run, method, test_tasks, cfg) if ledger.rollouts == 0 else None
+        if res is None:
+            res = evaluate(model, run.encoder, domain, test_tasks, cfg.sampling(eval=True), contexts_fn=method.student_contexts, seed=run.seed)
         evals_done.extend(due)
         ledger.add_eval_time(time.perf_counter() - t0)
         rec = {"kind": "eval", "step": ledger.steps, **ledger.snapshot(), **res, "eval_s": round(time.perf_counter() - t0, 4)}
@@ -290,6 +292,20 @@ def train(method: Method, run: RunContext, out_dir: Path, label: str = "", finge
         final.append(maybe_eval(force=True))
         checkpoint()
     return final[-1]
+
+
+def _base_eval(run: RunContext, method: Method, tasks: list[Task], cfg: TrainConfig) -> dict[str, Any] | None:
+    """The evaluation before any update, taken from the base policy's own (``run.extra["base_eval"]``,
+    its ``eval.json``) where it is the same computation: greedy decoding (no random draws), the
+    same held-out tasks, and a method whose student sees no context at test time.  The
+    rollout-0 evaluation of such a run is then bit-identical to the base policy's (checked on a
+    code run: all nine ``heldout_*`` values equal), so it is not recomputed.  None: evaluate."""
+    base = run.extra.get("base_eval")
+    if not base or cfg.eval_temperature != 0 or base.get("heldout_episodes") != len(tasks):
+        return None
+    if any(c is not None for c in method.student_contexts(tasks)):
+        return None
+    return {**{k: v for k, v in base.items() if k.startswith("heldout_")}, "eval_reused": True}
 
 
 def _update(method: Method, model, optimizer, batch: RolloutBatch, cfg: TrainConfig, ledger: Ledger) -> dict[str, float]:

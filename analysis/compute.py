@@ -31,7 +31,7 @@ from pathlib import Path
 import pandas as pd
 
 from .names import color, display, domain_name, ordered
-from .runs import METRIC, run_records, write_table
+from .runs import METRIC, eval_points, write_table
 
 PASSES = ("rollout_tokens", "student_fwd_tokens", "student_bwd_tokens", "teacher_tokens", "teacher_bwd_tokens", "composer_fwd_tokens", "composer_bwd_tokens")
 COLUMNS = ["domain", "method", "n_seeds", "heldout_reward", "train_s", "token_passes", "train_s_vs_grpo", "token_passes_vs_grpo", "reward_per_train_hour"]
@@ -44,13 +44,7 @@ def costs(rec: dict) -> dict[str, float]:
 
 def points(runs: list[str]) -> pd.DataFrame:
     """Every evaluation of every run with the compute spent by then."""
-    out = []
-    for p in runs:
-        s, recs = run_records(p)
-        for rec in recs:
-            if rec.get("kind") == "eval":
-                out.append({"domain": s["domain"], "method": s["method"], "seed": s["seed"], "rollouts": rec["rollouts"], METRIC: rec[METRIC], **costs(rec)})
-    return pd.DataFrame(out, columns=["domain", "method", "seed", "rollouts", METRIC, "train_s", "token_passes"])
+    return eval_points(runs, extra=costs).reindex(columns=["domain", "method", "seed", "rollouts", METRIC, "train_s", "token_passes"])
 
 
 def table(pts: pd.DataFrame, reference: str = "grpo") -> pd.DataFrame:

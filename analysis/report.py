@@ -182,8 +182,6 @@ def context_gains_section(evals: list[str]) -> list[str]:
 
 
 def build(a: argparse.Namespace) -> str:
-    for name in ("testbed", "testbed_md", "paired_md", "compute_md", "compute_figure"):  # optional sections
-        setattr(a, name, getattr(a, name, None))
     out = Path(a.out)
     t1 = pd.read_csv(a.table1)
     lines = [

@@ -90,14 +90,15 @@ def run_records(summary_path: str) -> tuple[dict, list[dict]]:
     return s, [json.loads(line) for line in lines if line.strip()]
 
 
-def eval_points(runs: list[str]) -> pd.DataFrame:
-    """Every held-out evaluation of every run: (domain, method, seed, rollouts, heldout_*)."""
+def eval_points(runs: list[str], extra=None) -> pd.DataFrame:
+    """Every held-out evaluation of every run: (domain, method, seed, rollouts, heldout_*), plus the
+    columns ``extra(record)`` derives from each evaluation record where given."""
     out = []
     for p in runs:
         s, recs = run_records(p)
         for rec in recs:
             if rec.get("kind") == "eval":
-                out.append({"domain": s["domain"], "method": s["method"], "seed": s["seed"], "rollouts": rec["rollouts"], **_heldout(rec)})
+                out.append({"domain": s["domain"], "method": s["method"], "seed": s["seed"], "rollouts": rec["rollouts"], **_heldout(rec), **(extra(rec) if extra else {})})
     return pd.DataFrame(out)
 
 

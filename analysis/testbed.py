@@ -53,7 +53,7 @@ _OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le}
 
 
 def _value(x) -> float:
-    return float(x) if isinstance(x, (int, float)) and x is not None else math.nan
+    return float(x) if isinstance(x, (int, float)) else math.nan
 
 
 def domain_values(domain: str, probe: dict | None, rows: list[dict]) -> dict[str, float]:

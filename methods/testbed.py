@@ -25,13 +25,13 @@ needs the GRPO runs and is computed by :mod:`analysis.testbed`.
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Sequence
 
 import torch
 
 from methods.core.distill import expert_trace
+from methods.core.evaluate import mean_se
 from methods.core.rollout import SamplingConfig, run_episodes
 from methods.core.tokenizer import ChatEncoder
 from methods.experience.bank import ExperienceBank, same_group_share
@@ -41,21 +41,9 @@ from tasks.base import Task, TaskDomain
 __all__ = ["mean_se", "paired_gain", "probe"]
 
 
-def mean_se(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and standard error of the mean (sample standard deviation / sqrt(n))."""
-    n = len(values)
-    if n == 0:
-        raise ValueError("mean_se needs at least one value")
-    mean = sum(values) / n
-    if n == 1:
-        return mean, 0.0
-    var = sum((v - mean) ** 2 for v in values) / (n - 1)
-    return mean, math.sqrt(var / n)
-
-
 def paired_gain(with_ctx: Sequence[float], without: Sequence[float]) -> tuple[float, float]:
     """Mean per-task difference ``with_ctx - without`` and its standard error."""
-    if len(with_ctx) != len(without):
+    if len(with_ctx) != len(without) or not with_ctx:
         raise ValueError(f"paired_gain needs paired rewards, got {len(with_ctx)} and {len(without)}")
     return mean_se([a - b for a, b in zip(with_ctx, without)])
 

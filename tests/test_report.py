@@ -194,9 +194,15 @@ def test_report_numbers_come_from_its_inputs(tmp_path):
         table1=str(tmp_path / "t1.csv"), table1_md=str(tmp_path / "t1.md"), targets=None, targets_md=None, improvement=None, improvement_md=None,
         ablations=None, ablations_md=None, behaviour_md=None, dynamics=None, figure=None, dynamics_figure=None, teacher_check=None, teacher_check_md=None, warmstarts=[_vanilla(tmp_path, "code", 0, 0.2, extra={"context_gain_own_solution": 0.0312}),
                     _vanilla(tmp_path, "code", 1, 0.2, extra={"context_gain_feedback": 0.0011, "stage1_context_gain_feedback": -0.0205})],
+        testbed=str(tmp_path / "tb.csv"), testbed_md=str(tmp_path / "tb.md"), paired_md=None, compute_md=None, compute_figure=None,
         out=str(tmp_path / "report.md"),
     )
+    pd.DataFrame([{"domain": "code", "check": "grpo_gain", "value": 0.04, "threshold": ">= 0.1", "pass": False},
+                  {"domain": "code", "check": "eval_se", "value": 0.01, "threshold": "<= 0.015", "pass": True}]).to_csv(tmp_path / "tb.csv", index=False)
+    (tmp_path / "tb.md").write_text("# Test-bed validity (x)\n\n| check |\n")
     text = report.build(args)
+    assert text.index("### Test-bed validity") < text.index("## Headline") < text.index("## Table 1")  # the test bed comes first
+    assert "- Code: test-bed checks failing: grpo_gain 0.040 (needs >= 0.1)." in text
     assert "| Code | 0 | +0.0312 | not measured |" in text
     assert "| Code | 1 | not measured | not measured | not measured | +0.0011 (stage 1 -0.0205) | not measured |" in text  # after the on-policy stage, stage 1's beside it
     assert "LOPD 0.457" in text and "LOPD − GRPO = +0.207 (CIs separate, LOPD higher)" in text and "### Table 1: x" in text

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from analysis import compute, paired, testbed
 from analysis.runs import final_rows, finals
-from methods.testbed import mean_se, paired_gain
+from methods.core.evaluate import mean_se
+from methods.testbed import paired_gain
 
 from .test_report import _run, _vanilla
 

@@ -13,14 +13,21 @@ from .rollout import Rollout, SamplingConfig, run_episodes
 from .tokenizer import ChatEncoder
 
 
+def mean_se(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and standard error of the mean (sample standard deviation / sqrt(n)); (0, 0) for no values."""
+    n = len(values)
+    mean = sum(values) / max(n, 1)
+    var = sum((v - mean) ** 2 for v in values) / (n - 1) if n > 1 else 0.0
+    return mean, (var / max(n, 1)) ** 0.5
+
+
 def summarize(rollouts: Sequence[Rollout], prefix: str = "heldout_") -> dict[str, float]:
     """Score and behaviour statistics of finished episodes (means over episodes)."""
     n = max(len(rollouts), 1)
-    mean = sum(r.reward for r in rollouts) / n
-    var = sum((r.reward - mean) ** 2 for r in rollouts) / (len(rollouts) - 1) if len(rollouts) > 1 else 0.0
+    mean, se = mean_se([r.reward for r in rollouts])
     out = {
         f"{prefix}reward": mean,
-        f"{prefix}reward_se": (var / n) ** 0.5,  # standard error of the mean reward over these episodes
+        f"{prefix}reward_se": se,  # standard error of the mean reward over these episodes
         f"{prefix}success": sum(r.reward >= 1.0 for r in rollouts) / n,
         f"{prefix}turns": sum(len(r.episode.turns) for r in rollouts) / n,
         f"{prefix}gen_tokens": sum(r.generated_tokens for r in rollouts) / n,

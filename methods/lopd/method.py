@@ -218,16 +218,15 @@ class LOPD(SelfDistillation):
             teacher_before = self.run.ledger.teacher_tokens
             with torch.set_grad_enabled(cfg.train_composer):
                 scored = self.teacher_forward([rs[i] for i in rows], lat)
-            # what the composer step's backward pass goes through (through the teacher to the latents, then the composer)
-            backward = {"teacher_bwd_tokens": self.run.ledger.teacher_tokens - teacher_before}
             out.update({"composer_s": round(t_comp, 4), "teacher_s": round(time.perf_counter() - t0, 4)})
             for i, s in zip(rows, scored):
                 teacher[i] = s
             if not self._gain_logged:
                 self._gain_logged = True
                 out.update(self.gain_record([rs[i] for i in rows], [x.detach() for x in lat]))
-            self._pending = {"rows": [i for i, s in zip(rows, scored) if s is not None], "scored": [s for s in scored if s is not None], "latents": all_lat, "anchor": anchor,
-                             "backward": {**backward, "composer_bwd_tokens": self._composer_tokens}}
+            # what the composer step's backward pass goes through: the teacher (to the latents), then the composer
+            backward = {"teacher_bwd_tokens": self.run.ledger.teacher_tokens - teacher_before, "composer_bwd_tokens": self._composer_tokens}
+            self._pending = {"rows": [i for i, s in zip(rows, scored) if s is not None], "scored": [s for s in scored if s is not None], "latents": all_lat, "anchor": anchor, "backward": backward}
         success = batch.rewards >= cfg.success_threshold
         has = torch.tensor([t is not None for t in teacher], device=batch.rewards.device)
         signal = has & success if cfg.distill_only_successes else has

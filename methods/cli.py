@@ -78,12 +78,12 @@ def cmd_warmstart(args) -> None:
     train_cfg = make_config(TrainConfig, job["train"], "train")
     torch.manual_seed(args.seed)
     if model_cfg.checkpoint:  # a real model: its own pretraining is the warm start
-        model, tokenizer = load_policy(model_cfg.checkpoint)
+        model, tokenizer = load_policy(model_cfg.checkpoint, device=args.device)
         t0 = time.perf_counter()
         report = evaluate(model, ChatEncoder(tokenizer), domain, domain.tasks("test", train_cfg.eval_episodes), train_cfg.sampling(eval=True), seed=args.seed)
         report["wall_s"] = round(time.perf_counter() - t0, 2)
     else:
-        model, tokenizer, report = warm_start(domain, model_cfg, ws_cfg, train_cfg.sampling(eval=True), train_cfg.eval_episodes, args.seed)
+        model, tokenizer, report = warm_start(domain, model_cfg, ws_cfg, train_cfg.sampling(eval=True), train_cfg.eval_episodes, args.seed, device=args.device)
     report.update({"domain": job["domain"], "domain_version": domain.version, "seed": args.seed, "job": job, **provenance()})
     _save_warm_start(out, model, tokenizer, report)
     domain.close()

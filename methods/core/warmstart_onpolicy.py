@@ -75,7 +75,7 @@ def onpolicy_stage(model, encoder, domain, cfg, sampling: SamplingConfig, seed: 
     rng = random.Random(f"onpolicy/{seed}")
     fresh = domain.tasks("warmstart", first_task + 3 * cfg.onpolicy_tasks)[first_task:]  # sampled, then up to 2 replays per sample
     sampled, spare = fresh[: cfg.onpolicy_tasks], fresh[cfg.onpolicy_tasks :]
-    rollouts = run_episodes(model.eval(), encoder, domain, [t for t in sampled for _ in range(cfg.onpolicy_group)], None, sampling, torch.Generator().manual_seed(seed))
+    rollouts = run_episodes(model.eval(), encoder, domain, [t for t in sampled for _ in range(cfg.onpolicy_group)], None, sampling, torch.Generator(device=next(model.parameters()).device).manual_seed(seed))
     expert = {e.task.task_id: e for e in expert_episodes(domain, sampled)}
     examples = onpolicy_examples(domain, encoder, rollouts, cfg.onpolicy_group, expert, rng)
     if not examples:

@@ -72,7 +72,8 @@ def test_warmstart_never_shows_a_test_prompt_or_test_names(domain):
 #: methods' world must not move under a version: change the data, bump the version
 #: (code-v3 changed only the warm-start split, so its train/test equal code-v2's).
 SPLIT_FINGERPRINTS = {"tooluse-v2": "c461d8bc24830ade", "code-v2": "b6ae8d24f05ccc7c", "code-v3": "b6ae8d24f05ccc7c",
-                      "tooluse-v3": "1f1bbc35d21e027c", "code-v4": "e2845f3525875950"}
+                      "tooluse-v3": "1f1bbc35d21e027c", "code-v4": "e2845f3525875950",
+                      "code-v5": "e2845f3525875950"}  # code-v5: the same tasks, two attempts per episode
 
 
 def test_train_and_test_splits_are_pinned_by_the_version(domain):
@@ -240,3 +241,33 @@ def test_demonstrations_without_context_come_from_the_imperfect_demonstrator(dem
     assert [tuple(map(tuple, x)) for x in got] == [tuple(map(tuple, x)) for x in want]
     with pytest.raises(ValueError, match="demo_recovery"):
         WarmStartConfig(demo_recovery=1.5)
+
+
+def test_retrieval_shaped_contexts_hold_several_solved_tasks_one_of_the_group(domain):
+    """retrieved_share: a same-group context block becomes what retrieval hands a student:
+    retrieved_docs solved tasks (task line + trace) joined by blank lines, at least one from the
+    task's group; retrieved_share 0 keeps the one-trace blocks and their random stream."""
+    from methods.core.warmstart import _context_for
+    from tasks.base import format_trace
+
+    eps = expert_episodes(domain, domain.tasks("warmstart", 120))
+    by_group: dict = {}
+    for e in eps:
+        by_group.setdefault(e.task.group_id, []).append(e)
+    docs_of = {format_trace(e.task, e.turns): e.task.group_id for e in eps}
+    one = WarmStartConfig(context_share=1.0, same_task_share=0.0)
+    three = WarmStartConfig(context_share=1.0, same_task_share=0.0, retrieved_share=1.0, retrieved_docs=3)
+    plain = [_context_for(e.task, e, by_group, random.Random(i), one) for i, e in enumerate(eps)]
+    assert all(c is None or c in docs_of for c in plain)
+    shaped = [_context_for(e.task, e, by_group, random.Random(i), three) for i, e in enumerate(eps)]
+    blocks = [(e, c) for e, c in zip(eps, shaped) if c is not None]
+    assert len(blocks) > len(eps) // 2
+    other_groups = 0
+    for e, c in blocks:
+        parts = [docs_of[d] for d in c.split("\n\n")]  # every part is one whole solved task
+        assert len(parts) == 3 and e.task.group_id in parts
+        assert format_trace(e.task, e.turns) not in c  # never the task's own solution
+        other_groups += sum(g != e.task.group_id for g in parts)
+    assert 0 < other_groups < 2 * len(blocks)
+    with pytest.raises(ValueError, match="retrieved_docs"):
+        WarmStartConfig(retrieved_docs=0)

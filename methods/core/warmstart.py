@@ -86,6 +86,13 @@ class WarmStartConfig:
     # correctly to the cue of its systematic mistakes with probability q: the SFT-then-RL headroom
     # (docs/testbed.md).  Demonstrations with a context keep the expert's turns (the context shows how).
     demo_recovery: float | None = None
+    # Of the same-group context blocks (what is left after same_task/feedback/skill), the share rendered
+    # as retrieval hands them over: ``retrieved_docs`` solved tasks joined by blank lines (the format of
+    # methods.retrieval_rl.render_experience), one from the task's group and each other one from it with
+    # probability 1/2, else from another group, in random order.  A policy that saw only one-trace
+    # blocks broke its calls when given three (docs/decisions.md).
+    retrieved_share: float = 0.0
+    retrieved_docs: int = 3
     # Item 5: a second stage on contexts built from the policy's *own* samples (0 steps: off)
     onpolicy_steps: int = 0  # SFT steps of that stage
     onpolicy_tasks: int = 2000  # fresh warm-start tasks, each sampled onpolicy_group times at the training temperature
@@ -93,13 +100,13 @@ class WarmStartConfig:
     onpolicy_lr: float = 3e-4
 
     def __post_init__(self):
-        for name in ("n_demos", "steps", "batch_size", "vocab_size", "likelihood_tasks", "onpolicy_tasks", "onpolicy_group"):
+        for name in ("n_demos", "steps", "batch_size", "vocab_size", "likelihood_tasks", "onpolicy_tasks", "onpolicy_group", "retrieved_docs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"warmstart.{name} must be >= 1, got {getattr(self, name)}")
         for name in ("warmup_steps", "onpolicy_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"warmstart.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("context_share", "same_task_share", "feedback_share", "skill_share", "copy_share", "seen_group_share", "recovery_share"):
+        for name in ("context_share", "same_task_share", "feedback_share", "skill_share", "copy_share", "seen_group_share", "recovery_share", "retrieved_share"):
             if not (0.0 <= getattr(self, name) <= 1.0):
                 raise ValueError(f"warmstart.{name} must be in [0, 1], got {getattr(self, name)}")
         if self.same_task_share + self.feedback_share + self.skill_share > 1.0 + 1e-9:
@@ -155,7 +162,21 @@ def _context_for(task: Task, own: Episode, by_group: dict[str, list[Episode]], r
     if not others:
         return None
     ex = rng.choice(others)
+    if cfg.retrieved_share and rng.random() < cfg.retrieved_share:
+        return _retrieved_block(ex, others, by_group, rng, cfg.retrieved_docs)
     return format_trace(ex.task, ex.turns)
+
+
+def _retrieved_block(ex: Episode, same: Sequence[Episode], by_group: dict[str, list[Episode]], rng: random.Random, n_docs: int) -> str:
+    """A context block shaped like retrieval's: ``ex`` and ``n_docs - 1`` more solved tasks, each from
+    ``same`` (the group's other tasks) with probability 1/2, else from another group; shuffled."""
+    groups = [g for g in by_group if g != ex.task.group_id]
+    docs = [ex]
+    for _ in range(n_docs - 1):
+        pool = same if rng.random() < 0.5 or not groups else by_group[rng.choice(groups)]
+        docs.append(rng.choice(pool))
+    rng.shuffle(docs)
+    return "\n\n".join(format_trace(d.task, d.turns) for d in docs)
 
 
 def failed_attempts(domain, episodes: Sequence[Episode], rng: random.Random) -> dict[str, tuple[list, str]]:
@@ -335,8 +356,9 @@ def sft(model, examples, pad_id: int, cfg: WarmStartConfig, seed: int, log_every
     losses = []
     t0 = time.perf_counter()
     batches = batch_stream(examples, cfg.batch_size, seed, bucket=cfg.bucket_batches)
+    dev = next(model.parameters()).device
     for step in range(cfg.steps):
-        ids, attn, mask = pad_examples(next(batches), pad_id)
+        ids, attn, mask = (t.to(dev) for t in pad_examples(next(batches), pad_id))
         nll, count = masked_nll(model, ids, attn, mask)
         loss = nll / count.clamp(min=1)
         opt.zero_grad(set_to_none=True)
@@ -437,9 +459,10 @@ def warm_start_eval(model, encoder: ChatEncoder, domain: TaskDomain, cfg: WarmSt
     return {**heldout, "train_reward": train_eval["heldout_reward"], **ctx}
 
 
-def warm_start(domain: TaskDomain, model_cfg: ModelConfig, cfg: WarmStartConfig, sampling: SamplingConfig, eval_episodes: int, seed: int):
+def warm_start(domain: TaskDomain, model_cfg: ModelConfig, cfg: WarmStartConfig, sampling: SamplingConfig, eval_episodes: int, seed: int, device: str | torch.device = "cpu"):
     """Stage 1 (items 1-4): returns (model, tokenizer, report dict); ``sampling``: the
-    evaluation's.  The ``onpolicy_*`` fields are stage 2's
+    evaluation's; the model is built on the CPU (its initial weights do not depend on the
+    device) and trained on ``device``.  The ``onpolicy_*`` fields are stage 2's
     (:func:`methods.core.warmstart_onpolicy.continue_warm_start`), run on this stage's output."""
     t0 = time.perf_counter()
     rng = random.Random(f"warmstart/{seed}")
@@ -459,7 +482,7 @@ def warm_start(domain: TaskDomain, model_cfg: ModelConfig, cfg: WarmStartConfig,
     if cfg.copy_share > 0:
         n_copy = int(round(len(examples) * cfg.copy_share / (1 - cfg.copy_share))) if cfg.copy_share < 1 else len(examples)
         examples += copy_examples(encoder, corpus, n_copy, rng)
-    model = build_policy(model_cfg, tokenizer, seed)
+    model = build_policy(model_cfg, tokenizer, seed).to(device)
     print(f"[warmstart] {domain.name} seed {seed}: {len(examples)} demos, {count_parameters(model) / 1e6:.2f} M parameters, vocab {len(tokenizer)}", file=sys.stderr, flush=True)
     losses = sft(model, examples, encoder.pad_id, cfg, seed)
     t_sft = time.perf_counter() - t0 - t_demo

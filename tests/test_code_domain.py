@@ -38,7 +38,7 @@ def run_programs(domain, tasks, programs):
 
 def test_registered_and_sized():
     d = get_domain("code", seed=0)
-    assert d.version == "code-v4" and isinstance(d, CodeDomain)
+    assert d.version == "code-v5" and isinstance(d, CodeDomain)
     assert len(TEMPLATES) >= 20 and 8 <= len(CONVENTIONS) <= 16
     seen = [p for p in PROJECTS if not p.test_only]
     new = [p for p in PROJECTS if p.test_only]
@@ -81,7 +81,7 @@ def test_task_shape(train, test_split):
         lines = t.reference.rstrip("\n").split("\n")
         assert lines[0].startswith("def f(") and 2 <= len(lines) <= 4
         assert all(line.startswith("    ") for line in lines[1:])
-        assert 5 <= len(t.payload["tests"]) <= 10 and t.max_turns == 1
+        assert 5 <= len(t.payload["tests"]) <= 10 and t.max_turns == 2
         project = next(p for p in PROJECTS if p.id == t.group_id)
         assert t.payload["conventions"] and set(t.payload["conventions"]) <= set(project.conventions)
         assert project.test_only == t.payload["test_only_project"] and (t.split == "test" or not project.test_only)
@@ -100,12 +100,45 @@ def test_wrong_program_gets_informative_feedback(domain, train):
     task = train[0]
     ep = domain.reset(task)
     result = ep.step("def f(x):\n    return 12345\n")
-    assert result.done and ep.reward() == 0.0
+    assert not result.done and ep.reward() == 0.0  # a second attempt follows, with the failing test in view
     fb = ep.feedback()
+    assert result.observation == fb
     assert fb.startswith("failed test") and "f(" in fb and "returned 12345, expected" in fb
     first_input = repr(task.payload["tests"][0][0][0])
     assert first_input in fb
     assert ep.info()["total"] == len(task.payload["tests"]) and ep.info()["reason"] == fb
+
+
+def test_a_second_attempt_after_a_failing_test(domain, train):
+    task = train[0]
+    fixed = domain.reset(task)
+    fixed.step("def f(x):\n    return 12345\n")
+    out = fixed.step(task.reference)
+    assert out.done and fixed.reward() == 1.0 and len(fixed.turns) == 2 and fixed.feedback() == ""
+    twice = domain.reset(task)
+    twice.step("def f(x):\n    return 1\n")
+    out = twice.step("def f(x):\n    return 2\n")
+    assert out.done and twice.reward() == 0.0 and "returned 2" in twice.feedback()
+    assert twice.step(task.reference).observation is None and twice.reward() == 0.0  # no third attempt
+    single = CodeDomain(seed=0, attempts=1)
+    one = single.reset(single.tasks("train", 1)[0])
+    assert one.step("def f(x):\n    return 12345\n").done and one.task.max_turns == 1
+    with pytest.raises(ValueError, match="attempts"):
+        CodeDomain(seed=0, attempts=0)
+
+
+def test_imperfect_demonstrator_ignores_conventions_until_a_test_fails(domain, train):
+    import random
+
+    for task in train[:20]:
+        naive = domain.imperfect_trajectory(task, random.Random(0), recovery=0.0)
+        assert naive.reward() == 0.0 and len(naive.turns) == 2  # every task's convention matters
+        assert naive.turns[0].action == naive.turns[1].action != task.reference
+        assert naive.turns[0].observation.startswith("failed test")
+        fixed = domain.imperfect_trajectory(task, random.Random(0), recovery=1.0)
+        assert fixed.reward() == 1.0 and [t.action for t in fixed.turns] == [naive.turns[0].action, task.reference]
+    rates = [domain.imperfect_trajectory(t, random.Random(i), 0.35).reward() for i, t in enumerate(train[:200])]
+    assert 0.2 < sum(rates) / len(rates) < 0.5
 
 
 def test_fences_are_stripped(domain, train):

@@ -7,13 +7,23 @@ independent of the template) via the deterministic generator in
 ``generator.py``.  The prompt's first line names the project
 (``project: Velmora``, a pseudo-word); ``Task.group_id`` is the project id, so experience from
 the same project carries what the task line lacks: the project's convention.
-Some projects appear only in the test split.  An episode is a single turn: the
-action is a program, which runs against 6-8 hidden tests in the isolated
-sandbox (``tasks/sandbox.py``).  Reward is 1 iff every test passes; on failure
-the feedback is the sandbox's account of the first failing test (input, output,
-expected) or the error/timeout, which is what SDPO-style teachers condition on.
-``step_batch`` sends a whole batch of programs through the sandbox pool at once,
-since that is the hot path during training.
+Some projects appear only in the test split.  An episode has up to ``attempts``
+turns (domain option, default 2): each action is a program, which runs against
+6-8 hidden tests in the isolated sandbox (``tasks/sandbox.py``).  A passing
+program ends the episode; a failing one gets the sandbox's account of the first
+failing test (input, output, expected) or the error/timeout as its observation,
+and the agent may submit a revised program.  Reward is 1 iff the last program
+passes every test; the feedback on a failure is what SDPO-style teachers
+condition on.  ``step_batch`` sends a whole batch of programs through the
+sandbox pool at once, since that is the hot path during training.
+
+The imperfect demonstrator (:meth:`CodeDomain.imperfect_trajectory`, the warm
+start's demonstrations without a context block) writes the program the task
+line asks for and ignores the project's unstated conventions; when the failing
+test shows one (``failed test 3: f([]) returned 0, expected -1``) it writes the
+project's program with probability ``recovery``, else submits the same program
+again.  The cue, a failing test, looks the same in every project, seen or not,
+so learning to act on it is headroom that transfers (docs/testbed.md).
 """
 
 from __future__ import annotations
@@ -22,7 +32,7 @@ import re
 from typing import Any, Sequence
 
 from tasks.base import Episode, StepResult, Task, TaskDomain, Turn, register_domain
-from tasks.code.families import CONVENTIONS, PROJECTS, TEMPLATES
+from tasks.code.families import CONVENTIONS, PROJECTS, TEMPLATES, render_reference
 from tasks.code.generator import applied_conventions, generate, project_templates
 from tasks.sandbox import ExecResult, Sandbox, default_sandbox
 
@@ -37,6 +47,7 @@ __all__ = [
     "project_templates",
 ]
 
+_TEMPLATES = {t.name: t for t in TEMPLATES}
 _DEFAULT_SIZES = {"train": 5000, "test": 300, "warmstart": 40000}
 _FENCE = re.compile(r"```[a-zA-Z0-9_+-]*[ \t]*\n?(.*?)(?:```|\Z)", re.DOTALL)
 
@@ -48,7 +59,7 @@ def extract_program(action: str) -> str:
 
 
 class CodeEpisode(Episode):
-    """One program, one sandboxed run of the hidden tests."""
+    """Up to ``task.max_turns`` programs, each one sandboxed run of the hidden tests."""
 
     def __init__(self, task: Task, domain: CodeDomain):
         super().__init__(task)
@@ -64,12 +75,12 @@ class CodeEpisode(Episode):
         return self.record(action, self._domain.sandbox().run_tests([self.job(action)])[0])
 
     def record(self, action: str, result: ExecResult) -> StepResult:
-        """Finish the episode with the sandbox's verdict on ``action``."""
+        """Record the sandbox's verdict on ``action``; a pass or the last attempt ends the episode."""
         self._result = result
         observation = f"all {result.total} tests passed" if result.ok else result.reason
         self.turns.append(Turn(action, observation))
-        self.done = True
-        return StepResult(observation, True)
+        self.done = result.ok or len(self.turns) >= self.task.max_turns
+        return StepResult(observation, self.done)
 
     def reward(self) -> float:
         return 1.0 if self._result is not None and self._result.ok else 0.0
@@ -91,16 +102,19 @@ class CodeEpisode(Episode):
 
 @register_domain
 class CodeDomain(TaskDomain):
-    """Function synthesis with per-project hidden conventions.  Options: ``workers``,
-    ``cpu_s``, ``wall_s``, ``mem_mb`` give this domain its own sandbox pool;
-    without them it shares the process-wide default sandbox."""
+    """Function synthesis with per-project hidden conventions.  Options: ``attempts``
+    (programs per episode, default 2); ``workers``, ``cpu_s``, ``wall_s``, ``mem_mb`` give
+    this domain its own sandbox pool; without them it shares the process-wide default sandbox."""
 
     name = "code"
-    version = "code-v4"
+    version = "code-v5"
     system_prompt = "Write the Python function f. Reply with the code only."
 
     def __init__(self, seed: int = 0, **options: Any):
         super().__init__(seed, **options)
+        self.attempts = int(options.get("attempts", 2))
+        if self.attempts < 1:
+            raise ValueError(f"code domain option attempts must be >= 1, got {self.attempts}")
         self._own_sandbox: Sandbox | None = None
         self._cache: dict[str, list[Task]] = {}
 
@@ -129,7 +143,7 @@ class CodeDomain(TaskDomain):
             group_id=t["project"].id,
             prompt=t["prompt"],
             reference=t["reference"],
-            max_turns=1,
+            max_turns=self.attempts,
             payload={
                 "tests": t["tests"],
                 "params": t["params"],
@@ -140,6 +154,17 @@ class CodeDomain(TaskDomain):
 
     def reset(self, task: Task) -> CodeEpisode:
         return CodeEpisode(task, self)
+
+    def imperfect_trajectory(self, task: Task, rng, recovery: float) -> Episode:
+        """The convention-unaware demonstrator (module docstring): the task line's program, then,
+        after a failing test, the project's program with probability ``recovery``, else the same
+        program again."""
+        ep = self.reset(task)
+        naive = render_reference(_TEMPLATES[task.template_id], task.payload["params"], ())
+        ep.step(naive)
+        while not ep.done:
+            ep.step(task.reference if rng.random() < recovery else naive)
+        return ep
 
     def step_batch(self, episodes: Sequence[Episode], actions: Sequence[str]) -> list[StepResult]:
         """Run every still-open episode's program through the sandbox pool at once."""

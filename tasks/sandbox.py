@@ -94,13 +94,15 @@ _PRELOAD = "math cmath itertools collections functools re string heapq bisect op
 class ExecResult:
     """Outcome of one program on its tests.  ``reason`` is "ok" on success,
     otherwise e.g. "timeout", "memory", "syntax error: ...", or
-    "failed test 2: f([1, 2]) returned 3, expected 4" (the text SDPO teachers see)."""
+    "failed test 2: f([1, 2]) returned 3, expected 4" (the text SDPO teachers see);
+    ``failed_test`` is then that test's index (0-based), else None."""
 
     ok: bool
     passed: int
     total: int
     reason: str
     output: str
+    failed_test: int | None = None
 
 
 # =========================================================================== worker side
@@ -651,7 +653,7 @@ def _judge(cases, fname: str, report: dict, wire: tuple[list, bytes]) -> ExecRes
     load, per_test = _parse_results(report.get("results", b""), n)
     if load is not None:
         return ExecResult(False, 0, n, "memory" if load.startswith("error: MemoryError") else load, output)
-    passed, first_fail = 0, None
+    passed, first_fail, failed_test = 0, None, None
     for i, (args, expected) in enumerate(cases):
         if i not in per_test:
             break
@@ -660,9 +662,9 @@ def _judge(cases, fname: str, report: dict, wire: tuple[list, bytes]) -> ExecRes
             passed += 1
         elif first_fail is None:
             what = "memory: failed" if problem.startswith("raised MemoryError") else "failed"
-            first_fail = f"{what} test {i + 1}: {_call_text(fname, wire[0][i])} {problem}"
+            first_fail, failed_test = f"{what} test {i + 1}: {_call_text(fname, wire[0][i])} {problem}", i
     if first_fail is not None:
-        return ExecResult(False, passed, n, first_fail, output)
+        return ExecResult(False, passed, n, first_fail, output, failed_test)
     if len(per_test) < n:
         missing = len(per_test)
         reason = _death(report.get("verdict", "worker died"))

@@ -38,7 +38,7 @@ def run_programs(domain, tasks, programs):
 
 def test_registered_and_sized():
     d = get_domain("code", seed=0)
-    assert d.version == "code-v5" and isinstance(d, CodeDomain)
+    assert d.version == "code-v6" and isinstance(d, CodeDomain)
     assert len(TEMPLATES) >= 20 and 8 <= len(CONVENTIONS) <= 16
     seen = [p for p in PROJECTS if not p.test_only]
     new = [p for p in PROJECTS if p.test_only]
@@ -106,7 +106,31 @@ def test_wrong_program_gets_informative_feedback(domain, train):
     assert fb.startswith("failed test") and "f(" in fb and "returned 12345, expected" in fb
     first_input = repr(task.payload["tests"][0][0][0])
     assert first_input in fb
-    assert ep.info()["total"] == len(task.payload["tests"]) and ep.info()["reason"] == fb
+    assert ep.info()["total"] == len(task.payload["tests"]) and fb.startswith(ep.info()["reason"])
+
+
+def test_a_failing_test_names_the_project_rule_it_checks(domain, train):
+    """Each hidden test records the conventions it checks; the feedback on a failure names them,
+    as descriptive test names do; a test that checks none adds nothing."""
+    from tasks.code.families import render_reference
+
+    named = plain = 0
+    for task in train[:60]:
+        rules = task.payload["test_rules"]
+        assert len(rules) == len(task.payload["tests"]) and all(set(r) <= set(task.payload["conventions"]) for r in rules)
+        assert any(rules)  # every convention matters, so some test checks one
+        naive = render_reference(next(t for t in TEMPLATES if t.name == task.template_id), task.payload["params"], ())
+        ep = domain.reset(task)
+        obs = ep.step(naive).observation
+        k = int(re.match(r"failed test (\d+):", obs).group(1)) - 1
+        if rules[k]:
+            named += 1
+            assert obs.endswith("(project rule: " + "; ".join(CONVENTIONS[c].doc for c in rules[k]) + ")")
+        else:
+            plain += 1
+            assert "project rule" not in obs
+        assert ep.feedback() == obs
+    assert named == 60 and plain == 0  # the task line's program fails only where a rule is checked
 
 
 def test_a_second_attempt_after_a_failing_test(domain, train):

@@ -73,7 +73,7 @@ def test_warmstart_never_shows_a_test_prompt_or_test_names(domain):
 #: (code-v3 changed only the warm-start split, so its train/test equal code-v2's).
 SPLIT_FINGERPRINTS = {"tooluse-v2": "c461d8bc24830ade", "code-v2": "b6ae8d24f05ccc7c", "code-v3": "b6ae8d24f05ccc7c",
                       "tooluse-v3": "1f1bbc35d21e027c", "code-v4": "e2845f3525875950",
-                      "code-v5": "e2845f3525875950"}  # code-v5: the same tasks, two attempts per episode
+                      "code-v5": "e2845f3525875950", "code-v6": "e2845f3525875950"}  # v5, v6: the same tasks, two attempts, named tests
 
 
 def test_train_and_test_splits_are_pinned_by_the_version(domain):

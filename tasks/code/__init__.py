@@ -11,8 +11,9 @@ Some projects appear only in the test split.  An episode has up to ``attempts``
 turns (domain option, default 2): each action is a program, which runs against
 6-8 hidden tests in the isolated sandbox (``tasks/sandbox.py``).  A passing
 program ends the episode; a failing one gets the sandbox's account of the first
-failing test (input, output, expected) or the error/timeout as its observation,
-and the agent may submit a revised program.  Reward is 1 iff the last program
+failing test (input, output, expected, and the name of the test: the project
+rule it checks, if any) or the error/timeout as its observation, and the agent
+may submit a revised program.  Reward is 1 iff the last program
 passes every test; the feedback on a failure is what SDPO-style teachers
 condition on.  ``step_batch`` sends a whole batch of programs through the
 sandbox pool at once, since that is the hot path during training.
@@ -20,9 +21,9 @@ sandbox pool at once, since that is the hot path during training.
 The imperfect demonstrator (:meth:`CodeDomain.imperfect_trajectory`, the warm
 start's demonstrations without a context block) writes the program the task
 line asks for and ignores the project's unstated conventions; when the failing
-test shows one (``failed test 3: f([]) returned 0, expected -1``) it writes the
-project's program with probability ``recovery``, else submits the same program
-again.  The cue, a failing test, looks the same in every project, seen or not,
+test names one (``failed test 3: f([]) returned 0, expected -1 (project rule: an
+empty list returns -1)``) it writes the project's program with probability
+``recovery``, else submits the same program again.  The cue, a failing test, looks the same in every project, seen or not,
 so learning to act on it is headroom that transfers (docs/testbed.md).
 """
 
@@ -77,7 +78,7 @@ class CodeEpisode(Episode):
     def record(self, action: str, result: ExecResult) -> StepResult:
         """Record the sandbox's verdict on ``action``; a pass or the last attempt ends the episode."""
         self._result = result
-        observation = f"all {result.total} tests passed" if result.ok else result.reason
+        observation = f"all {result.total} tests passed" if result.ok else self._domain.failure_text(self.task, result)
         self.turns.append(Turn(action, observation))
         self.done = result.ok or len(self.turns) >= self.task.max_turns
         return StepResult(observation, self.done)
@@ -88,7 +89,7 @@ class CodeEpisode(Episode):
     def feedback(self) -> str:
         if self._result is None:
             return "no program submitted"
-        return "" if self._result.ok else self._result.reason
+        return "" if self._result.ok else self.turns[-1].observation
 
     def expert_action(self) -> str:
         return self.task.reference
@@ -107,7 +108,7 @@ class CodeDomain(TaskDomain):
     this domain its own sandbox pool; without them it shares the process-wide default sandbox."""
 
     name = "code"
-    version = "code-v5"
+    version = "code-v6"
     system_prompt = "Write the Python function f. Reply with the code only."
 
     def __init__(self, seed: int = 0, **options: Any):
@@ -146,6 +147,7 @@ class CodeDomain(TaskDomain):
             max_turns=self.attempts,
             payload={
                 "tests": t["tests"],
+                "test_rules": t["test_rules"],
                 "params": t["params"],
                 "conventions": t["conventions"],
                 "test_only_project": t["project"].test_only,
@@ -154,6 +156,16 @@ class CodeDomain(TaskDomain):
 
     def reset(self, task: Task) -> CodeEpisode:
         return CodeEpisode(task, self)
+
+    @staticmethod
+    def failure_text(task: Task, result: ExecResult) -> str:
+        """The sandbox's account of a failure, with the failing test's name: the project rules it
+        checks (``failed test 3: f([]) returned 0, expected -1 (project rule: an empty list
+        returns -1)``), as a test suite with descriptive test names reports it."""
+        rules = task.payload.get("test_rules")
+        if result.failed_test is None or not rules or not rules[result.failed_test]:
+            return result.reason
+        return f"{result.reason} (project rule: {'; '.join(CONVENTIONS[c].doc for c in rules[result.failed_test])})"
 
     def imperfect_trajectory(self, task: Task, rng, recovery: float) -> Episode:
         """The convention-unaware demonstrator (module docstring): the task line's program, then,

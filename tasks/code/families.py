@@ -54,7 +54,7 @@ __all__ = [
 @dataclass(frozen=True)
 class Convention:
     name: str
-    doc: str  # documentation only: never shown to the policy
+    doc: str  # never in a prompt; a failing hidden test that checks the convention names it (its test name)
     pre: tuple[tuple[str, str], ...] = ()  # (arg kind, lines run first on that input)
     wrap: str = ""  # applied to the returned expression; "" for none
     outs: tuple[str, ...] = ()  # result kinds the wrap applies to

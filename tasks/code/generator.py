@@ -10,7 +10,9 @@ A task is (project, template, constants).  For one such choice the generator
   examples on which they all agree, so the prompt does not give the
   conventions away;
 * picks 6-8 *hidden* tests from edge cases and wide random inputs, such that
-  every variant gets at least one wrong, so each convention matters.
+  every variant gets at least one wrong, so each convention matters, and
+  records which conventions each test checks (``test_rules``: the test's name,
+  shown when the test fails).
 
 Splits: train tasks come from the train projects; test tasks are 4/5 unseen
 tasks on train projects and 1/5 tasks on test-only projects.  On train
@@ -256,6 +258,7 @@ def _one_task(rng: random.Random, project: Project, template: Template, split: s
     tests = _hidden_tests(rng, template, ref, variants)
     if tests is None:
         return None
+    without = {c: _compile(render_reference(template, params, tuple(d for d in convs if d != c))) for c in convs}
     return {
         "project": project,
         "template": template,
@@ -264,6 +267,8 @@ def _one_task(rng: random.Random, project: Project, template: Template, split: s
         "prompt": prompt,
         "reference": reference,
         "tests": [((x,), y) for x, y in tests],
+        # per hidden test, the conventions it checks (leaving one out fails it): the test's name
+        "test_rules": [tuple(c for c in convs if _call(without[c], x) != y) for x, y in tests],
     }
 
 

@@ -162,3 +162,19 @@ def test_the_rollout_0_evaluation_reuses_the_base_policys_where_it_is_the_same_c
     run2.extra["base_eval"] = run.extra["base_eval"]
     train(m2, run2, tmp_path / "other")
     assert "eval_reused" not in json.loads((tmp_path / "other" / "metrics.jsonl").read_text().splitlines()[0])
+
+
+def test_inner_curve_points_evaluate_a_prefix_of_the_held_out_tasks(warmstarts, seeded_banks, tmp_path):
+    """curve_eval_episodes: the evaluations between the first and the last use the first k of
+    the held-out tasks (so they are cheap); the first and the final use all of them."""
+    from dataclasses import replace
+
+    ws_path, _ = warmstarts["tooluse"]
+    _, _, cfg = tiny_configs()
+    k = cfg.eval_episodes // 2
+    m, run = _run("grpo", "tooluse", ws_path, tmp_path, replace(cfg, curve_eval_episodes=k), banks=seeded_banks)
+    train(m, run, tmp_path)
+    evals = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines() if '"eval"' in x]
+    assert [(e["rollouts"], e["heldout_episodes"]) for e in evals] == [(0, cfg.eval_episodes), (8, k), (16, cfg.eval_episodes)]
+    with pytest.raises(ValueError, match="curve_eval_episodes"):
+        replace(cfg, curve_eval_episodes=cfg.eval_episodes + 1)

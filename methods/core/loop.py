@@ -54,6 +54,10 @@ class TrainConfig:
     max_seq_len: int = 1024
     eval_every: int = 320  # rollouts between held-out evaluations (also at 0 and at the end); a multiple of rollouts_per_step
     eval_episodes: int = 200
+    # held-out episodes of the evaluations between the first and the last (the first ones of the
+    # eval_episodes tasks): the curves' inner points.  None: eval_episodes.  The first and the
+    # final evaluation always use all eval_episodes (Table 1 reads the final one).
+    curve_eval_episodes: int | None = None
     eval_temperature: float = 0.0  # 0: greedy evaluation
     checkpoint_every: int = 5  # steps
     recompute_old_logp: bool = False  # True: PPO's old log-probs from a training-mode forward instead of the sampler's
@@ -67,6 +71,8 @@ class TrainConfig:
             raise ValueError(f"train.lr must be in (0, 1), got {self.lr}")
         if self.grad_clip <= 0 or self.weight_decay < 0:
             raise ValueError("train.grad_clip must be > 0 and train.weight_decay >= 0")
+        if self.curve_eval_episodes is not None and not (1 <= self.curve_eval_episodes <= self.eval_episodes):
+            raise ValueError(f"train.curve_eval_episodes must be null or in [1, eval_episodes ({self.eval_episodes})], got {self.curve_eval_episodes}")
         if self.eval_every % self.rollouts_per_step:
             raise ValueError(f"train.eval_every ({self.eval_every}) must be a multiple of train.rollouts_per_step ({self.rollouts_per_step}), so that every method is evaluated at the same rollout counts")
         if self.temperature <= 0 or self.eval_temperature < 0:
@@ -235,9 +241,11 @@ def train(method: Method, run: RunContext, out_dir: Path, label: str = "", finge
         if not due and not force:
             return None
         t0 = time.perf_counter()
-        res = _base_eval(run, method, test_tasks, cfg) if ledger.rollouts == 0 else None
+        inner = 0 < ledger.rollouts < cfg.rollout_budget and cfg.curve_eval_episodes is not None
+        tasks = test_tasks[: cfg.curve_eval_episodes] if inner else test_tasks
+        res = _base_eval(run, method, tasks, cfg) if ledger.rollouts == 0 else None
         if res is None:
-            res = evaluate(model, run.encoder, domain, test_tasks, cfg.sampling(eval=True), contexts_fn=method.student_contexts, seed=run.seed)
+            res = evaluate(model, run.encoder, domain, tasks, cfg.sampling(eval=True), contexts_fn=method.student_contexts, seed=run.seed)
         evals_done.extend(due)
         ledger.add_eval_time(time.perf_counter() - t0)
         rec = {"kind": "eval", "step": ledger.steps, **ledger.snapshot(), **res, "eval_s": round(time.perf_counter() - t0, 4)}

@@ -6,6 +6,9 @@
     python -m methods.cli coldstart --job JSON --seed S --warmstart DIR --bank FILE --out DIR [--threads N]
     python -m methods.cli train     --job JSON --seed S --warmstart DIR --out DIR [--bank FILE] [--composer FILE] [--threads N]
     python -m methods.cli testbed   --job JSON --seed S --warmstart DIR --out FILE.json [--bank FILE] [--n-retrieve N]
+    python -m methods.cli install-base --job JSON --seed S --shipped DIR --out DIR
+    python -m methods.cli ship-base    --job JSON --seed S --warmstart DIR --out DIR
+    python -m methods.cli check-base   --job JSON --seed S --warmstart DIR --shipped DIR --out FILE.json
 
 ``--job`` is the resolved job settings (see :func:`methods.core.config.resolve_job`)
 as a JSON string or ``@file.json``; the rules pass it so that every result
@@ -134,6 +137,52 @@ def cmd_warmstart_stage2(args) -> None:
         f"wrote {out / 'model'} and {out / 'eval.json'}",
         file=sys.stderr,
     )
+
+
+def _domain_version(job: dict) -> str:
+    from tasks.base import get_domain
+
+    domain = get_domain(job["domain"], seed=job["task_seed"], **job["domain_options"])
+    version = domain.version
+    domain.close()
+    return version
+
+
+def cmd_install_base(args) -> None:
+    """The warm start from a base policy shipped in the repository (see methods/core/shipped.py)."""
+    from methods.core.shipped import install
+
+    job = _job(args.job)
+    try:
+        manifest = install(Path(args.shipped), Path(args.out), job, args.seed, _domain_version(job))
+    except ValueError as e:
+        raise SystemExit(f"error: {e}")
+    print(f"[warmstart] {job['domain']}: installed the shipped base policy {args.shipped} (heldout_reward {manifest['scores'].get('heldout_reward')}, every file checked against its manifest) into {args.out}", file=sys.stderr)
+
+
+def cmd_ship_base(args) -> None:
+    """Copy a built base policy into the repository's shipped bases, with its manifest."""
+    from methods.core.provenance import provenance
+    from methods.core.shipped import ship
+
+    job = _job(args.job)
+    src = Path(args.warmstart)
+    recorded = json.loads((src / "eval.json").read_text())
+    if recorded.get("job") != job or recorded.get("seed") != args.seed:
+        raise SystemExit(f"error: {src} was not built with this job and seed {args.seed}; build it with the pipeline first")
+    manifest = ship(src, Path(args.out), job, args.seed, _domain_version(job), provenance())
+    print(f"[ship-base] wrote {args.out} ({len(manifest['files'])} files, heldout_reward {manifest['scores'].get('heldout_reward')})", file=sys.stderr)
+
+
+def cmd_check_base(args) -> None:
+    """A base policy rebuilt from scratch against the shipped one (writes the comparison as JSON)."""
+    from methods.core.provenance import provenance, write_json_atomic
+    from methods.core.shipped import compare
+
+    report = {**compare(Path(args.warmstart), Path(args.shipped)), **provenance()}
+    write_json_atomic(Path(args.out), report)
+    verdict = "bit-identical" if report["bit_identical"] else f"DIFFERENT: {', '.join(report['model_files_differ'])}"
+    print(f"[check-base] {args.warmstart} vs {args.shipped}: model files {verdict}; scores rebuilt {report['scores_rebuilt']} shipped {report['scores_shipped']}", file=sys.stderr)
 
 
 def cmd_bank(args) -> None:
@@ -354,6 +403,16 @@ def main(argv=None) -> None:
     tb.add_argument("--bank", default=None, help="seeded experience bank (bank.pt); without it the experience rows are left out")
     tb.add_argument("--n-retrieve", type=int, default=3, help="retrieved items in the context (retrieval RL's n_retrieve)")
     tb.set_defaults(fn=cmd_testbed)
+    ib = sub.add_parser("install-base", parents=[common], help="the warm start from a shipped base policy, after checking its settings and every file's SHA-256")
+    ib.add_argument("--shipped", required=True, help="shipped base policy directory (results/base/<profile>/<domain>)")
+    ib.set_defaults(fn=cmd_install_base)
+    sb = sub.add_parser("ship-base", parents=[common], help="copy a built base policy (--warmstart) into the shipped bases (--out) with its manifest")
+    sb.add_argument("--warmstart", required=True, help="a base policy built by the pipeline with this job")
+    sb.set_defaults(fn=cmd_ship_base)
+    cb = sub.add_parser("check-base", parents=[common], help="compare a rebuilt base policy with the shipped one, file by file (--out: a JSON file)")
+    cb.add_argument("--warmstart", required=True, help="the rebuilt base policy")
+    cb.add_argument("--shipped", required=True, help="the shipped base policy")
+    cb.set_defaults(fn=cmd_check_base)
     args = p.parse_args(argv)
     torch.set_num_threads(max(1, args.threads))
     args.fn(args)

@@ -4,6 +4,7 @@ import shlex
 import sys
 
 sys.path.insert(0, workflow.basedir)
+from methods.core.shipped import matches as shipped_matches, shipped_dir
 from methods.core.config import bank_job, cold_start_key, cold_start_runs, profile_section, resolve_job, stage1_job, uses_bank, validate as validate_grid
 
 validate_grid(config)  # every job's settings, before any job starts
@@ -26,6 +27,28 @@ wildcard_constraints:
 def job_json(domain, method=None, stage1=False):
     job = resolve_job(config, domain, method)
     return shlex.quote(json.dumps(stage1_job(job) if stage1 else job, sort_keys=True))
+
+
+_SHIPPED = {}
+
+
+def shipped_path(domain):
+    return str(shipped_dir(PROFILE, domain))
+
+
+def shipped_base(domain):
+    """The shipped base policy directory if it is exactly what this profile would build, else None."""
+    if domain not in _SHIPPED:
+        from tasks.base import get_domain
+
+        job = resolve_job(config, domain)
+        d = get_domain(domain, seed=job["task_seed"], **job["domain_options"])
+        path, why = shipped_matches(PROFILE, domain, job, BASE_SEED, d.version)
+        d.close()
+        if why:
+            print(f"note: the shipped base policy {shipped_path(domain)} was built with other {why}; training the {domain} base policy instead", file=sys.stderr)
+        _SHIPPED[domain] = str(path) if path else None
+    return _SHIPPED[domain]
 
 
 def coldstart_path(domain, method, seed):

@@ -93,6 +93,35 @@ def test_smoke_pipeline_writes_table1(tmp_path):
     # a second invocation has nothing to do
     again = _snakemake(tmp_path, "results/table1.csv", "results/report.md", "--config", "profile=smoke", "--dry-run")
     assert "Nothing to be done" in again.stdout + again.stderr
+    _check_shipped_base(tmp_path, smoke)
+
+
+def _check_shipped_base(tmp_path: Path, smoke: Path) -> None:
+    """A shipped base policy is installed instead of trained, and base_rebuild rebuilds it bit for bit."""
+    from methods.core.config import resolve_job
+
+    cfg = yaml.safe_load((tmp_path / "config" / "config.yaml").read_text())
+    job = resolve_job({**cfg, "profile": "smoke"}, "code")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    ship = subprocess.run(
+        [sys.executable, "-m", "methods.cli", "ship-base", "--job", json.dumps(job), "--seed", "0", "--warmstart", "results/smoke/warmstart/code", "--out", "results/base/smoke/code"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert ship.returncode == 0, ship.stderr
+    built = (smoke / "warmstart" / "code" / "eval.json").read_bytes()
+    shutil.rmtree(smoke / "warmstart" / "code")
+    shutil.rmtree(smoke / "warmstart_stage1" / "code")
+    res = _snakemake(tmp_path, "results/smoke/warmstart/code/eval.json", "--config", "profile=smoke")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert (smoke / "warmstart" / "code" / "eval.json").read_bytes() == built
+    assert not (smoke / "warmstart_stage1" / "code").exists()  # installed, not trained
+    # a changed setting makes the pipeline train the base policy again instead of installing it
+    dry = _snakemake(tmp_path, "results/smoke/warmstart/code/eval.json", "--config", "profile=smoke", "task_seed=1", "--dry-run")
+    assert "warmstart_stage1" in dry.stdout and "built with other settings task_seed" in dry.stderr
+    res = _snakemake(tmp_path, "results/smoke/base_rebuild/code/check.json", "--config", "profile=smoke")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    check = json.loads((smoke / "base_rebuild" / "code" / "check.json").read_text())
+    assert check["bit_identical"] and check["scores_equal"] and "model/model.safetensors" in check["model_files"], check
 
 
 @pytest.mark.parametrize(

@@ -20,9 +20,12 @@ Isolation layers, outermost first, and why each exists:
   stops fork bombs and ``RLIMIT_CORE`` = 0 avoids core dumps;
 * **privilege drop** -- when running as root, RLIMIT_NPROC does not bind and
   every file is writable, so the child switches to ``nobody`` (it cannot signal
-  the root-owned worker or write root-owned files).  Only modules the worker
-  pre-imported are then guaranteed importable (the stdlib may live in a
-  directory ``nobody`` cannot read);
+  the root-owned worker or write root-owned files).  The stdlib may live in a
+  directory ``nobody`` cannot reach (``/root/...``), so the worker pre-imports
+  every stdlib extension module (``lib-dynload``) and the child keeps a
+  read-only descriptor of the stdlib directory, opened before the drop, through
+  which :class:`_StdlibFinder` loads pure-Python stdlib modules: a correct
+  program may import any stdlib module that is not blocked;
 * **network namespace** -- each worker calls ``unshare(CLONE_NEWNET)`` once at
   start (silently skipped if not permitted), so children have no interfaces;
 * **audit hook** (``sys.addaudithook``) -- refuses sockets, ctypes, process
@@ -145,9 +148,83 @@ def _unshare_network() -> None:
     gc.collect()  # free the CDLL's function pointers: children must not find one
 
 
+#: lib-dynload extension modules never pre-imported (blocked ones aside): tests, GUIs, terminals.
+_NO_PRELOAD_PREFIXES = ("_test", "_xx", "xx", "_tkinter", "readline", "_curses", "_ctypes_test")
+
+
+def _extension_modules() -> list[str]:
+    """Names of the stdlib's extension modules (``lib-dynload/*.so``) a program may import."""
+    import importlib.machinery
+
+    dynload = os.path.join(os.path.dirname(os.__file__), "lib-dynload")
+    names = set()
+    for entry in os.listdir(dynload) if os.path.isdir(dynload) else []:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            if entry.endswith(suffix):
+                names.add(entry[: -len(suffix)])
+    return sorted(n for n in names if n not in _BLOCKED_MODULES and not n.startswith(_NO_PRELOAD_PREFIXES))
+
+
 def _preload() -> None:
+    """Import what programs commonly use, and every stdlib extension module: a child that runs
+    as ``nobody`` can neither read nor ``dlopen`` files under a root-only directory."""
+    import importlib.util  # _StdlibFinder's, imported now: never from inside an import
+    import warnings
+
     for name in _PRELOAD:
         __import__(name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecated modules (audioop, nis, ...) warn on import
+        for name in _extension_modules():
+            try:
+                __import__(name)
+            except ImportError:
+                pass  # built without its library here: no program can import it either
+
+
+class _StdlibFinder:
+    """Loads pure-Python stdlib modules through a directory descriptor opened before the
+    privilege drop, for a child whose user cannot reach the stdlib by path.  Installed only
+    then; it reads (never writes: no bytecode cache) files the installation already exposes to
+    imports, and the audit hook still refuses blocked modules."""
+
+    def __init__(self, dir_fd: int, root: str):
+        self.dir_fd, self.root = dir_fd, root
+
+    def find_spec(self, name, path=None, target=None):
+        from importlib.util import spec_from_file_location  # pre-imported by the worker
+
+        rel = name.replace(".", "/")
+        for candidate, package in ((rel + "/__init__.py", True), (rel + ".py", False)):
+            try:
+                os.stat(candidate, dir_fd=self.dir_fd)
+            except OSError:
+                continue
+            origin = os.path.join(self.root, candidate)
+            spec = spec_from_file_location(
+                name, origin, loader=_FdSourceLoader(self.dir_fd, candidate, origin),
+                submodule_search_locations=[os.path.join(self.root, rel)] if package else None,
+            )
+            return spec
+        return None
+
+
+class _FdSourceLoader:
+    def __init__(self, dir_fd: int, relpath: str, origin: str):
+        self.dir_fd, self.relpath, self.origin = dir_fd, relpath, origin
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module) -> None:
+        fd = os.open(self.relpath, os.O_RDONLY, dir_fd=self.dir_fd)
+        try:
+            chunks = []
+            while chunk := os.read(fd, 1 << 16):
+                chunks.append(chunk)
+        finally:
+            os.close(fd)
+        exec(compile(b"".join(chunks), self.origin, "exec", dont_inherit=True), module.__dict__)
 
 
 def _serve(cfg: dict) -> None:
@@ -270,9 +347,17 @@ def _confine(tmp: str, res_w: int, out_w: int, cfg: dict) -> None:
     tempfile.tempdir = tmp
     _set_limits(cfg)
     if os.geteuid() == 0:
+        stdlib = os.path.dirname(os.__file__)
+        stdlib_fd = os.open(stdlib, os.O_RDONLY | os.O_DIRECTORY)
         os.setgroups([])
         os.setgid(_NOBODY)
         os.setuid(_NOBODY)
+        if os.access(os.__file__, os.R_OK):
+            os.close(stdlib_fd)
+        else:  # the stdlib is out of nobody's reach by path: load it through the descriptor
+            finder = next(i for i, f in enumerate(sys.meta_path) if getattr(f, "__name__", "") == "PathFinder")
+            sys.meta_path.insert(finder, _StdlibFinder(stdlib_fd, stdlib))
+            sys.path_importer_cache.clear()
     for name in list(sys.modules):
         if name.split(".")[0] in _BLOCKED_MODULES:
             del sys.modules[name]

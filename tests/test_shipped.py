@@ -82,3 +82,9 @@ def test_shipped_base_matches_its_configuration(manifest):
     seed = profile_section(config).get("base_seed", 0)
     assert shipped.mismatch(json.loads(manifest.read_text()), job, seed, d.version) is None
     assert shipped.verify(manifest.parent) == []
+
+
+def test_a_profile_name_is_not_a_setting(tmp_path):
+    dst = shipped.shipped_dir("p", "code", tmp_path)
+    shipped.ship(_fake_base(tmp_path / "built"), dst, {**JOB, "profile": "experiment"}, 0, "code-v6", {})
+    assert shipped.matches("p", "code", JOB, 0, "code-v6", root=tmp_path) == (dst, None)

@@ -28,6 +28,13 @@ MANIFEST = "manifest.json"
 SHIPPED_ROOT = Path("results") / "base"
 # eval.json holds wall times and provenance: its scores are compared, not its bytes
 EVAL_SCORES = ("heldout_reward", "heldout_success", "heldout_turns", "stage1_heldout_reward")
+# a profile's name is not a setting: the same settings under another name build the same policy
+NOT_DEFINING = ("profile",)
+
+
+def defining(job: dict[str, Any]) -> dict[str, Any]:
+    """The settings a base policy depends on: its job without the profile's name."""
+    return {k: v for k, v in job.items() if k not in NOT_DEFINING}
 
 
 def shipped_dir(profile: str, domain: str, root: Path | str = ".") -> Path:
@@ -62,7 +69,7 @@ def mismatch(manifest: dict[str, Any], job: dict[str, Any], seed: int, domain_ve
         return f"seed {manifest.get('seed')} (wanted {seed})"
     if manifest.get("domain_version") != domain_version:
         return f"domain version {manifest.get('domain_version')} (tasks are now {domain_version})"
-    shipped = manifest.get("job") or {}
+    shipped, job = defining(manifest.get("job") or {}), defining(job)
     differ = sorted(k for k in set(shipped) | set(job) if shipped.get(k) != job.get(k))
     if differ:
         detail = []

@@ -1,0 +1,49 @@
+"""The rules' conda environment (envs/suite.yaml) carries what the package imports, at pyproject's pins."""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+import tomllib
+from importlib.metadata import packages_distributions
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("methods", "tasks", "analysis")
+
+
+def _pins(lines) -> dict[str, str]:
+    out = {}
+    for line in lines:
+        m = re.fullmatch(r"([A-Za-z0-9_.\-]+)==(\S+)", line.strip())
+        assert m, f"unpinned requirement: {line!r}"
+        out[m.group(1).lower()] = m.group(2)
+    return out
+
+
+def _third_party_imports() -> set[str]:
+    names = set()
+    for pkg in PACKAGES:
+        for f in (ROOT / pkg).rglob("*.py"):
+            for node in ast.walk(ast.parse(f.read_text())):
+                if isinstance(node, ast.Import):
+                    names |= {a.name.split(".")[0] for a in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names.add(node.module.split(".")[0])
+    return {n for n in names if n not in sys.stdlib_module_names and n not in PACKAGES}
+
+
+def test_suite_env_has_every_import_at_pyproject_pins():
+    project = _pins(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
+    env = yaml.safe_load((ROOT / "envs" / "suite.yaml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
+    conda_env = _pins(pip)
+    # the rules run the package's code, not snakemake itself
+    assert conda_env == {k: v for k, v in project.items() if k != "snakemake"}
+    dists = packages_distributions()
+    for name in sorted(_third_party_imports()):
+        owners = {d.lower() for d in dists.get(name, [])}
+        assert owners & set(conda_env), f"{name} is imported by the package but no distribution of it is in envs/suite.yaml"

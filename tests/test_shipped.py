@@ -88,3 +88,10 @@ def test_a_profile_name_is_not_a_setting(tmp_path):
     dst = shipped.shipped_dir("p", "code", tmp_path)
     shipped.ship(_fake_base(tmp_path / "built"), dst, {**JOB, "profile": "experiment"}, 0, "code-v6", {})
     assert shipped.matches("p", "code", JOB, 0, "code-v6", root=tmp_path) == (dst, None)
+
+
+def test_the_default_profile_ships_every_domains_base_policy():
+    """Table 1's time budget on 2 cores assumes the small profile's base policies are shipped."""
+    config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    shipped_domains = {p.parent.name for p in _shipped_manifests() if p.parent.parent.name == config["profile"]}
+    assert shipped_domains == set(config["domains"])

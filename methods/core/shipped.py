@@ -56,6 +56,11 @@ def file_hashes(src: Path) -> dict[str, str]:
     return {p.relative_to(src).as_posix(): _sha256(p) for p in files}
 
 
+def _scores(src: Path) -> dict[str, Any]:
+    ev = json.loads((Path(src) / "eval.json").read_text())
+    return {k: ev[k] for k in EVAL_SCORES if k in ev}
+
+
 def read_manifest(path: Path) -> dict[str, Any] | None:
     path = Path(path)
     if not (path / MANIFEST).is_file():
@@ -102,13 +107,12 @@ def ship(src: Path, dst: Path, job: dict[str, Any], seed: int, domain_version: s
     tmp.mkdir(parents=True)
     shutil.copytree(src / "model", tmp / "model")
     shutil.copy2(src / "eval.json", tmp / "eval.json")
-    ev = json.loads((src / "eval.json").read_text())
     manifest = {
         "seed": seed,
         "domain_version": domain_version,
         "job": job,
         "files": file_hashes(tmp),
-        "scores": {k: ev[k] for k in EVAL_SCORES if k in ev},
+        "scores": _scores(src),
         "built_by": provenance,
     }
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
@@ -157,8 +161,7 @@ def compare(rebuilt: Path, shipped: Path) -> dict[str, Any]:
     have = file_hashes(rebuilt)
     model_files = sorted(k for k in set(have) | set(manifest["files"]) if k.startswith("model/"))
     differ = [k for k in model_files if have.get(k) != manifest["files"].get(k)]
-    ev = json.loads((rebuilt / "eval.json").read_text())
-    scores = {k: ev[k] for k in EVAL_SCORES if k in ev}
+    scores = _scores(rebuilt)
     return {
         "shipped": str(shipped),
         "rebuilt": str(rebuilt),

@@ -167,7 +167,7 @@ def headline_testbed(tb: pd.DataFrame) -> list[str]:
 def context_gains_section(evals: list[str]) -> list[str]:
     """What each kind of privileged context gives the warm start (the teacher of every
     self-distillation method): change of the expert actions' mean log-likelihood per token
-    on held-out tasks, from each warm start's ``eval.json`` (issue 3's sanity check); where the
+    on held-out tasks, from each warm start's ``eval.json`` (the teacher sanity check); where the
     warm start had the on-policy stage, stage 1's value follows in parentheses."""
     rows = [json.loads(Path(p).read_text()) for p in evals]
     rows.sort(key=lambda e: (e["domain"], e["seed"]))

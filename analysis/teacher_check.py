@@ -1,4 +1,4 @@
-"""The teacher sanity check of every self-distillation run (issue 3), gathered into one table.
+"""The teacher sanity check of every self-distillation run, gathered into one table.
 
     python -m analysis.teacher_check --runs results/small/runs/*/*/seed*/summary.json \\
         --out-csv results/teacher_check.csv --out-md results/teacher_check.md

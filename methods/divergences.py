@@ -3,7 +3,7 @@
 Every self-distillation method (OPSD, SDPO, SDFT, Skill-SD, LOPD) compares,
 at each agent-token position of the *student's own* trajectory, the student's
 next-token distribution with the teacher's on the same prefix
-(``../shared/design/methods.md``, "Divergence on student samples").  Inputs
+(``docs/methods.md``, "Pieces several methods share").  Inputs
 are logits ``[n, V]`` at the n agent-token positions (the packed layout of
 :func:`methods.core.batch.agent_token_logprobs`); outputs are the per-token
 divergence ``[n]``, to be averaged over tokens (:func:`token_mean`).  By

@@ -1,7 +1,7 @@
 """Retrieval RL: GRPO with retrieved experience in the *student's* context.
 
 The control that asks whether LOPD's gain is only retrieval
-(``../shared/design/methods.md``).  Everything is GRPO (:mod:`methods.grpo`:
+(``docs/methods.md``).  Everything is GRPO (:mod:`methods.grpo`:
 G rollouts per task, group-standardised outcome advantages, PPO-clip loss),
 except the student's prompt: ahead of the task it carries the top-n
 (default 3) successful trajectories of *other* training tasks retrieved from

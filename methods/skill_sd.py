@@ -9,7 +9,7 @@ Skills come from completed trajectories.  The paper summarises them with an
 LLM; on the small profile a deterministic summariser over the trace writes
 what worked (the action sequence of a success), or what failed (the
 environment's feedback) and what was tried -- acceptable per
-``../shared/design/methods.md``.  A task's candidate skills are those of its
+``docs/methods.md``.  A task's candidate skills are those of its
 environment variant / project (named in the task the student sees); the
 skill used for a task is chosen by UCB1 (c = √2) with, as its reward, the
 outcome of the task's rollouts in the step the skill was used.  Tasks with no

@@ -2,8 +2,8 @@
 
 Shared by retrieval RL (:mod:`methods.retrieval_rl`, the student reads the
 retrieved trajectories as text) and LOPD (a composer compresses them into
-latent tokens for the teacher).  ``../shared/design/methods.md`` ("Experience
-bank"):
+latent tokens for the teacher).  ``docs/methods.md`` ("Experience
+bank", under "Pieces several methods share"):
 
 * only *training-split* successes enter (tool use: reward >= threshold,
   default 1.0; code: all tests pass), as task text plus a compact

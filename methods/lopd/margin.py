@@ -1,6 +1,6 @@
 """LOPD's privileged-margin objective as pure functions.
 
-The formulas are ``../shared/design/methods.md``, LOPD item 6 (the paper's
+The formulas are ``docs/methods.md``, LOPD item 6 (the paper's
 equation numbers are not in that reference, so the docstrings cite the item
 and name each formula (M1-M5) instead of guessing them).
 

@@ -1,7 +1,7 @@
 """LOPD: latent on-policy self-distillation (Zhang et al., arXiv:2608.13040).
 
 How it differs from GRPO and from the self-distillation baselines
-(``../shared/design/methods.md``, LOPD):
+(``docs/methods.md``, LOPD):
 
 * the student samples B tasks x 1 rollout with GRPO's prompts (no context);
 * for each task, the top-J (``n_retrieve``) successful trajectories of *other*

@@ -36,13 +36,23 @@ QUANTITIES = {
     "first_response_tokens": "first response (tokens)",
     "reward": "held-out reward",
 }
-NEEDED = ["heldout_turns", "heldout_tool_calls", "heldout_repeated_calls", "heldout_first_response_tokens", "heldout_reward"]
+NEEDED = [
+    "heldout_turns",
+    "heldout_tool_calls",
+    "heldout_repeated_calls",
+    "heldout_first_response_tokens",
+    "heldout_reward",
+]
 
 
 def per_seed(fin: pd.DataFrame) -> pd.DataFrame:
     missing = [c for c in NEEDED if c not in fin or fin[c].isna().any()]
     if missing:
-        bad = fin[fin[[c for c in NEEDED if c in fin]].isna().any(axis=1)]["path"].tolist() if all(c in fin for c in NEEDED) else fin["path"].tolist()
+        bad = (
+            fin[fin[[c for c in NEEDED if c in fin]].isna().any(axis=1)]["path"].tolist()
+            if all(c in fin for c in NEEDED)
+            else fin["path"].tolist()
+        )
         raise ValueError(f"behaviour metrics {missing} are missing (not a tool-use evaluation?) in: {bad}")
     calls = fin["heldout_tool_calls"].to_numpy(dtype=float)
     return pd.DataFrame(
@@ -53,7 +63,9 @@ def per_seed(fin: pd.DataFrame) -> pd.DataFrame:
             "env_steps": fin["heldout_turns"],
             "calls_per_step": calls / np.maximum(fin["heldout_turns"].to_numpy(dtype=float), 1e-12),
             "repeated_calls": fin["heldout_repeated_calls"],
-            "reward_per_call": np.where(calls > 0, fin["heldout_reward"].to_numpy(dtype=float) / np.maximum(calls, 1e-12), np.nan),
+            "reward_per_call": np.where(
+                calls > 0, fin["heldout_reward"].to_numpy(dtype=float) / np.maximum(calls, 1e-12), np.nan
+            ),
             "first_response_tokens": fin["heldout_first_response_tokens"],
             "reward": fin["heldout_reward"],
         }
@@ -68,7 +80,9 @@ def summarize(seeds: pd.DataFrame) -> pd.DataFrame:
             if vals.empty:
                 continue
             mean, lo, hi = bootstrap_ci(vals)
-            rows.append({"domain": d, "method": m, "metric": q, "mean": mean, "ci_low": lo, "ci_high": hi, "n_seeds": len(vals)})
+            rows.append(
+                {"domain": d, "method": m, "metric": q, "mean": mean, "ci_low": lo, "ci_high": hi, "n_seeds": len(vals)}
+            )
     return pd.DataFrame(rows, columns=["domain", "method", "metric", "mean", "ci_low", "ci_high", "n_seeds"])
 
 
@@ -76,21 +90,28 @@ def to_markdown(df: pd.DataFrame) -> str:
     lines = []
     for d in sorted(df.domain.unique()):
         sub = df[df.domain == d]
-        lines += [f"# Behaviour on held-out {domain_name(d).lower()} tasks (final evaluation; mean [95 % CI] over seeds)", ""]
+        lines += [
+            f"# Behaviour on held-out {domain_name(d).lower()} tasks (final evaluation; mean [95 % CI] over seeds)",
+            "",
+        ]
         lines.append("| method | " + " | ".join(QUANTITIES.values()) + " |")
         lines.append("|---|" + "---|" * len(QUANTITIES))
         for m in ordered(sub.method.unique()):
             cells = []
             for q in QUANTITIES:
                 r = sub[(sub.method == m) & (sub.metric == q)]
-                cells.append("–" if r.empty else f"{r['mean'].iloc[0]:.3g} [{r.ci_low.iloc[0]:.3g}, {r.ci_high.iloc[0]:.3g}]")
+                cells.append(
+                    "–" if r.empty else f"{r['mean'].iloc[0]:.3g} [{r.ci_low.iloc[0]:.3g}, {r.ci_high.iloc[0]:.3g}]"
+                )
             lines.append(f"| {display(m)} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m analysis.behaviour", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m analysis.behaviour", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--vanilla", nargs="*", default=[], help="warm-start eval.json files of the domain")
     p.add_argument("--runs", nargs="+", required=True, help="run summary.json files of the domain")
     p.add_argument("--out-csv", required=True)

@@ -33,31 +33,68 @@ import pandas as pd
 from .names import color, display, domain_name, ordered
 from .runs import METRIC, eval_points, write_table
 
-PASSES = ("rollout_tokens", "student_fwd_tokens", "student_bwd_tokens", "teacher_tokens", "teacher_bwd_tokens", "composer_fwd_tokens", "composer_bwd_tokens")
-COLUMNS = ["domain", "method", "n_seeds", "heldout_reward", "train_s", "token_passes", "train_s_vs_grpo", "token_passes_vs_grpo", "reward_per_train_hour"]
+PASSES = (
+    "rollout_tokens",
+    "student_fwd_tokens",
+    "student_bwd_tokens",
+    "teacher_tokens",
+    "teacher_bwd_tokens",
+    "composer_fwd_tokens",
+    "composer_bwd_tokens",
+)
+COLUMNS = [
+    "domain",
+    "method",
+    "n_seeds",
+    "heldout_reward",
+    "train_s",
+    "token_passes",
+    "train_s_vs_grpo",
+    "token_passes_vs_grpo",
+    "reward_per_train_hour",
+]
 
 
 def costs(rec: dict) -> dict[str, float]:
     """Training wall time and token passes of a ledger snapshot (a metrics record or a summary's ledger)."""
-    return {"train_s": float(rec.get("wall_s", 0.0)) - float(rec.get("eval_wall_s", 0.0)), "token_passes": float(sum(rec.get(k, 0) or 0 for k in PASSES))}
+    return {
+        "train_s": float(rec.get("wall_s", 0.0)) - float(rec.get("eval_wall_s", 0.0)),
+        "token_passes": float(sum(rec.get(k, 0) or 0 for k in PASSES)),
+    }
 
 
 def points(runs: list[str]) -> pd.DataFrame:
     """Every evaluation of every run with the compute spent by then."""
-    return eval_points(runs, extra=costs).reindex(columns=["domain", "method", "seed", "rollouts", METRIC, "train_s", "token_passes"])
+    return eval_points(runs, extra=costs).reindex(
+        columns=["domain", "method", "seed", "rollouts", METRIC, "train_s", "token_passes"]
+    )
 
 
 def table(pts: pd.DataFrame, reference: str = "grpo") -> pd.DataFrame:
     final = pts.sort_values("rollouts").groupby(["domain", "method", "seed"]).tail(1)
     rows = []
     for (d, m), g in final.groupby(["domain", "method"]):
-        rows.append({"domain": d, "method": m, "n_seeds": len(g), "heldout_reward": g[METRIC].mean(), "train_s": g["train_s"].mean(), "token_passes": g["token_passes"].mean()})
+        rows.append(
+            {
+                "domain": d,
+                "method": m,
+                "n_seeds": len(g),
+                "heldout_reward": g[METRIC].mean(),
+                "train_s": g["train_s"].mean(),
+                "token_passes": g["token_passes"].mean(),
+            }
+        )
     df = pd.DataFrame(rows)
     if df.empty:
         return pd.DataFrame(columns=COLUMNS)
     ref = df[df.method == reference].set_index("domain")
     for col in ("train_s", "token_passes"):
-        df[f"{col}_vs_grpo"] = [r[col] / ref.loc[r["domain"], col] if r["domain"] in ref.index and ref.loc[r["domain"], col] > 0 else float("nan") for r in df.to_dict("records")]
+        df[f"{col}_vs_grpo"] = [
+            r[col] / ref.loc[r["domain"], col]
+            if r["domain"] in ref.index and ref.loc[r["domain"], col] > 0
+            else float("nan")
+            for r in df.to_dict("records")
+        ]
     df["reward_per_train_hour"] = df["heldout_reward"] / (df["train_s"] / 3600.0)
     df["_o"] = df.method.map({m: i for i, m in enumerate(ordered(df.method.unique()))})
     return df.sort_values(["domain", "_o"]).drop(columns="_o")[COLUMNS].reset_index(drop=True)
@@ -73,7 +110,9 @@ def to_markdown(df: pd.DataFrame) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for r in df.to_dict("records"):
-        lines.append(f"| {domain_name(r['domain'])} | {display(r['method'])} | {r['heldout_reward']:.3f} | {r['train_s']:.0f} | {r['train_s_vs_grpo']:.2f} | {r['token_passes'] / 1e6:.1f} | {r['token_passes_vs_grpo']:.2f} |")
+        lines.append(
+            f"| {domain_name(r['domain'])} | {display(r['method'])} | {r['heldout_reward']:.3f} | {r['train_s']:.0f} | {r['train_s_vs_grpo']:.2f} | {r['token_passes'] / 1e6:.1f} | {r['token_passes_vs_grpo']:.2f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -85,7 +124,9 @@ def plot(pts: pd.DataFrame, out_png: Path) -> None:
 
     domains = sorted(pts.domain.unique())
     xs = (("train_s", "training wall time (s)"), ("token_passes", "token passes (millions)"))
-    fig, axes = plt.subplots(len(xs), max(len(domains), 1), figsize=(5.2 * max(len(domains), 1), 3.4 * len(xs)), squeeze=False)
+    fig, axes = plt.subplots(
+        len(xs), max(len(domains), 1), figsize=(5.2 * max(len(domains), 1), 3.4 * len(xs)), squeeze=False
+    )
     for j, d in enumerate(domains):
         sub = pts[pts.domain == d]
         for i, (col, label) in enumerate(xs):
@@ -107,7 +148,9 @@ def plot(pts: pd.DataFrame, out_png: Path) -> None:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m analysis.compute", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m analysis.compute", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--runs", nargs="+", required=True, help="run summary.json files")
     p.add_argument("--out-csv", required=True)
     p.add_argument("--out-md", required=True)

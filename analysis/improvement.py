@@ -24,7 +24,17 @@ from .names import display, domain_name, ordered
 from .runs import finals, write_table
 from .stats import poi_ci
 
-COLUMNS = ["method", "baseline", "domain", "poi", "ci_low", "ci_high", "n_seeds_method", "n_seeds_baseline", "paired_wins"]
+COLUMNS = [
+    "method",
+    "baseline",
+    "domain",
+    "poi",
+    "ci_low",
+    "ci_high",
+    "n_seeds_method",
+    "n_seeds_baseline",
+    "paired_wins",
+]
 
 
 def compute(fin: pd.DataFrame, method: str = "lopd", n_boot: int = 5000) -> pd.DataFrame:
@@ -42,11 +52,34 @@ def compute(fin: pd.DataFrame, method: str = "lopd", n_boot: int = 5000) -> pd.D
                 pairs.append((x, y))
                 domains.append(d)
                 p, lo, hi = poi_ci([(x, y)], n_boot=n_boot)
-                rows.append({"method": method, "baseline": b, "domain": d, "poi": p, "ci_low": lo, "ci_high": hi, "n_seeds_method": len(x), "n_seeds_baseline": len(y), "paired_wins": wins})
+                rows.append(
+                    {
+                        "method": method,
+                        "baseline": b,
+                        "domain": d,
+                        "poi": p,
+                        "ci_low": lo,
+                        "ci_high": hi,
+                        "n_seeds_method": len(x),
+                        "n_seeds_baseline": len(y),
+                        "paired_wins": wins,
+                    }
+                )
         if len(pairs) > 1:
             p, lo, hi = poi_ci(pairs, n_boot=n_boot)
-            rows.append({"method": method, "baseline": b, "domain": "all", "poi": p, "ci_low": lo, "ci_high": hi,
-                         "n_seeds_method": sum(len(x) for x, _ in pairs), "n_seeds_baseline": sum(len(y) for _, y in pairs), "paired_wins": None})
+            rows.append(
+                {
+                    "method": method,
+                    "baseline": b,
+                    "domain": "all",
+                    "poi": p,
+                    "ci_low": lo,
+                    "ci_high": hi,
+                    "n_seeds_method": sum(len(x) for x, _ in pairs),
+                    "n_seeds_baseline": sum(len(y) for _, y in pairs),
+                    "paired_wins": None,
+                }
+            )
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -69,13 +102,18 @@ def to_markdown(df: pd.DataFrame) -> str:
                 cells.append("–")
                 continue
             w = r.paired_wins.iloc[0]
-            cells.append(f"{r.poi.iloc[0]:.2f} [{r.ci_low.iloc[0]:.2f}, {r.ci_high.iloc[0]:.2f}]" + ("" if pd.isna(w) else f" ({w:.0%} of seeds)"))
+            cells.append(
+                f"{r.poi.iloc[0]:.2f} [{r.ci_low.iloc[0]:.2f}, {r.ci_high.iloc[0]:.2f}]"
+                + ("" if pd.isna(w) else f" ({w:.0%} of seeds)")
+            )
         lines.append(f"| {display(b)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m analysis.improvement", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m analysis.improvement", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--vanilla", nargs="*", default=[], help="warm-start eval.json files (Vanilla as a baseline)")
     p.add_argument("--runs", nargs="+", required=True, help="run summary.json files")
     p.add_argument("--method", default="lopd", help="the method compared against all others (default lopd)")

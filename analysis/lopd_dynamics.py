@@ -25,7 +25,12 @@ from methods.core.provenance import write_text_atomic
 
 from .stats import bootstrap_ci
 
-QUANTITIES = {"lopd_beta": "β (dual variable)", "lopd_margin": "Δ (privileged margin)", "lopd_kl": "composer KL", "lopd_anchor": "anchor ‖c − c0‖²"}
+QUANTITIES = {
+    "lopd_beta": "β (dual variable)",
+    "lopd_margin": "Δ (privileged margin)",
+    "lopd_kl": "composer KL",
+    "lopd_anchor": "anchor ‖c − c0‖²",
+}
 
 
 def load(paths: list[str]) -> pd.DataFrame:
@@ -47,8 +52,21 @@ def load(paths: list[str]) -> pd.DataFrame:
     rows = []
     for (domain, method, rollouts, q), vals in sorted(pts.items()):
         mean, lo, hi = bootstrap_ci(vals)
-        rows.append({"domain": domain, "method": method, "rollouts": rollouts, "metric": q, "mean": mean, "ci_low": lo, "ci_high": hi, "n_seeds": len(vals)})
-    return pd.DataFrame(rows, columns=["domain", "method", "rollouts", "metric", "mean", "ci_low", "ci_high", "n_seeds"])
+        rows.append(
+            {
+                "domain": domain,
+                "method": method,
+                "rollouts": rollouts,
+                "metric": q,
+                "mean": mean,
+                "ci_low": lo,
+                "ci_high": hi,
+                "n_seeds": len(vals),
+            }
+        )
+    return pd.DataFrame(
+        rows, columns=["domain", "method", "rollouts", "metric", "mean", "ci_low", "ci_high", "n_seeds"]
+    )
 
 
 def plot(df: pd.DataFrame, out: Path) -> None:
@@ -58,7 +76,9 @@ def plot(df: pd.DataFrame, out: Path) -> None:
     import matplotlib.pyplot as plt
 
     domains = sorted(df["domain"].unique())
-    fig, axes = plt.subplots(len(domains), len(QUANTITIES), figsize=(4 * len(QUANTITIES), 3 * len(domains)), squeeze=False)
+    fig, axes = plt.subplots(
+        len(domains), len(QUANTITIES), figsize=(4 * len(QUANTITIES), 3 * len(domains)), squeeze=False
+    )
     for i, d in enumerate(domains):
         for j, (q, title) in enumerate(QUANTITIES.items()):
             ax = axes[i][j]
@@ -85,7 +105,11 @@ def plot(df: pd.DataFrame, out: Path) -> None:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m analysis.lopd_dynamics", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m analysis.lopd_dynamics",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--runs", nargs="+", required=True, help="metrics.jsonl of LOPD runs (and its variants)")
     p.add_argument("--out-csv", required=True)
     p.add_argument("--out-png", help="figure (optional)")

@@ -48,7 +48,18 @@ def paired(fin: pd.DataFrame, baselines: tuple[str, ...] = ("grpo", "vanilla")) 
                     continue
                 diffs = [v - ref[s] for s, v in zip(g.seed, g.value)]
                 mean, lo, hi = bootstrap_ci(diffs)
-                rows.append({"domain": d, "method": m, "baseline": base, "mean_diff": mean, "ci_low": lo, "ci_high": hi, "n_seeds": len(diffs), "excludes_zero": bool(lo > 0 or hi < 0)})
+                rows.append(
+                    {
+                        "domain": d,
+                        "method": m,
+                        "baseline": base,
+                        "mean_diff": mean,
+                        "ci_low": lo,
+                        "ci_high": hi,
+                        "n_seeds": len(diffs),
+                        "excludes_zero": bool(lo > 0 or hi < 0),
+                    }
+                )
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -61,13 +72,17 @@ def to_markdown(df: pd.DataFrame) -> str:
     ]
     for r in df.itertuples():
         mark = " *" if r.excludes_zero else ""
-        lines.append(f"| {domain_name(r.domain)} | {display(r.method)} | {display(r.baseline)} | {r.mean_diff:+.3f}{mark} | [{r.ci_low:+.3f}, {r.ci_high:+.3f}] | {r.n_seeds} |")
+        lines.append(
+            f"| {domain_name(r.domain)} | {display(r.method)} | {display(r.baseline)} | {r.mean_diff:+.3f}{mark} | [{r.ci_low:+.3f}, {r.ci_high:+.3f}] | {r.n_seeds} |"
+        )
     lines += ["", "\\* the CI excludes 0."]
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m analysis.paired", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m analysis.paired", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--vanilla", nargs="*", default=[], help="base-policy eval.json files (one per domain)")
     p.add_argument("--runs", nargs="+", required=True, help="run summary.json files")
     p.add_argument("--out-csv", required=True)

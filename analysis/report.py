@@ -50,10 +50,16 @@ def headline_table1(t1: pd.DataFrame, method: str = "lopd", reference: str = "gr
         line = f"- **{domain_name(d)}**: best mean {display(best)} {sub.loc[best, 'mean']:.3f}"
         for m in (method, reference, "vanilla"):
             if m in sub.index and m != best:
-                line += f"; {display(m)} {sub.loc[m, 'mean']:.3f} [{sub.loc[m, 'ci_low']:.3f}, {sub.loc[m, 'ci_high']:.3f}]"
+                line += (
+                    f"; {display(m)} {sub.loc[m, 'mean']:.3f} [{sub.loc[m, 'ci_low']:.3f}, {sub.loc[m, 'ci_high']:.3f}]"
+                )
         if method in sub.index and reference in sub.index:
             a, b = sub.loc[method], sub.loc[reference]
-            verdict = "the 95 % CIs overlap" if _overlap(a, b) else ("CIs separate, " + display(method) + (" higher" if a["mean"] > b["mean"] else " lower"))
+            verdict = (
+                "the 95 % CIs overlap"
+                if _overlap(a, b)
+                else ("CIs separate, " + display(method) + (" higher" if a["mean"] > b["mean"] else " lower"))
+            )
             line += f". {display(method)} − {display(reference)} = {a['mean'] - b['mean']:+.3f} ({verdict})"
         budget = int(sub["rollout_budget"].max())
         out.append(line + f"; {int(sub['n_seeds'].max())} seeds, {budget} student rollouts.")
@@ -65,9 +71,13 @@ def headline_targets(tg: pd.DataFrame, method: str = "lopd") -> list[str]:
     for r in tg[tg.method == method].itertuples():
         ref = display(r.reference)
         if pd.isna(r.rollouts_to_target):
-            out.append(f"- {domain_name(r.domain)}: {display(method)} does not reach {ref}'s final score {r.target:.3f} within the budget.")
+            out.append(
+                f"- {domain_name(r.domain)}: {display(method)} does not reach {ref}'s final score {r.target:.3f} within the budget."
+            )
         elif r.at_start:
-            out.append(f"- {domain_name(r.domain)}: {ref}'s final score {r.target:.3f} is at or below {display(method)}'s score before training: reached at 0 rollouts, which says nothing about learning.")
+            out.append(
+                f"- {domain_name(r.domain)}: {ref}'s final score {r.target:.3f} is at or below {display(method)}'s score before training: reached at 0 rollouts, which says nothing about learning."
+            )
         else:
             ci = "not reached" if pd.isna(r.ci_high) else f"{r.ci_high:.0f}"
             lo = "not reached" if pd.isna(r.ci_low) else f"{r.ci_low:.0f}"
@@ -84,7 +94,9 @@ def headline_improvement(poi: pd.DataFrame) -> list[str]:
     for r in allrows.itertuples():
         clear = "above 0.5" if r.ci_low > 0.5 else ("below 0.5" if r.ci_high < 0.5 else "holds 0.5")
         where = "all domains" if r.domain == "all" else domain_name(r.domain)
-        out.append(f"- P({display(r.method)} > {display(r.baseline)}) = {r.poi:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}] over {where} (CI {clear}).")
+        out.append(
+            f"- P({display(r.method)} > {display(r.baseline)}) = {r.poi:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}] over {where} (CI {clear})."
+        )
     return out
 
 
@@ -105,7 +117,9 @@ def headline_ablations(ab: pd.DataFrame) -> list[str]:
         )
         others = sub.drop(index="lopd")
         lo_m, hi_m = others["mean"].min(), others["mean"].max()
-        out.append(f"- {domain_name(d)}: every variant's mean lies in [{lo_m:.3f}, {hi_m:.3f}] against LOPD's {a['mean']:.3f}.")
+        out.append(
+            f"- {domain_name(d)}: every variant's mean lies in [{lo_m:.3f}, {hi_m:.3f}] against LOPD's {a['mean']:.3f}."
+        )
     return out
 
 
@@ -129,8 +143,15 @@ def headline_teacher_check(tc: pd.DataFrame) -> list[str]:
     out = []
     for d in sorted(per.domain.unique()):
         sub = per[per.domain == d].set_index("method")
-        parts = [f"{display(m)} {r.seeds_passing}/{r.n_seeds} seeds (mean {r.mean_gain:+.3f})" for m, r in sub.loc[ordered(sub.index)].iterrows()]
-        out.append(f"- {domain_name(d)}, teacher sanity check (own context helps the teacher; nats/token, logged once per run): " + ", ".join(parts) + ".")
+        parts = [
+            f"{display(m)} {r.seeds_passing}/{r.n_seeds} seeds (mean {r.mean_gain:+.3f})"
+            for m, r in sub.loc[ordered(sub.index)].iterrows()
+        ]
+        out.append(
+            f"- {domain_name(d)}, teacher sanity check (own context helps the teacher; nats/token, logged once per run): "
+            + ", ".join(parts)
+            + "."
+        )
     return out
 
 
@@ -192,8 +213,14 @@ def build(a: argparse.Namespace) -> str:
         "",
     ]
     if a.testbed_md:
-        lines += [f"## Test-bed validity (`{a.testbed_md}`)", "", "Whether this profile can tell methods apart at all; read it before any comparison below.", "",
-                  _section(a.testbed_md), ""]
+        lines += [
+            f"## Test-bed validity (`{a.testbed_md}`)",
+            "",
+            "Whether this profile can tell methods apart at all; read it before any comparison below.",
+            "",
+            _section(a.testbed_md),
+            "",
+        ]
     lines += [
         "## Headline",
         "",
@@ -219,9 +246,20 @@ def build(a: argparse.Namespace) -> str:
         if a.compute_figure:
             lines += ["", f"![reward against compute]({_rel(a.compute_figure, out)})"]
     if a.figure:
-        lines += ["", "## Sample efficiency (the paper's Fig. 4)", "", f"![sample efficiency]({_rel(a.figure, out)})",
-                  "", f"PDF: `{Path(a.figure).with_suffix('.pdf')}`. Bottom row: each method minus GRPO at the same RL seed (paired)."]
-    for md, title in ((a.targets_md, "Rollouts to target"), (a.improvement_md, "Probability of improvement"), (a.ablations_md, "Ablations"), (a.behaviour_md, "Behaviour (the paper's Table 3)")):
+        lines += [
+            "",
+            "## Sample efficiency (the paper's Fig. 4)",
+            "",
+            f"![sample efficiency]({_rel(a.figure, out)})",
+            "",
+            f"PDF: `{Path(a.figure).with_suffix('.pdf')}`. Bottom row: each method minus GRPO at the same RL seed (paired).",
+        ]
+    for md, title in (
+        (a.targets_md, "Rollouts to target"),
+        (a.improvement_md, "Probability of improvement"),
+        (a.ablations_md, "Ablations"),
+        (a.behaviour_md, "Behaviour (the paper's Table 3)"),
+    ):
         if md:
             lines += ["", f"## {title} (`{md}`)", "", _section(md)]
     if a.dynamics_figure:
@@ -229,13 +267,19 @@ def build(a: argparse.Namespace) -> str:
     if a.teacher_check_md:
         lines += ["", f"## Teacher sanity check (`{a.teacher_check_md}`)", "", _section(a.teacher_check_md)]
     if a.warmstarts:
-        lines += ["", "## What each privileged context gives the warm start (nats/token on held-out expert actions; > 0: the teacher can use it)", "",
-                  *context_gains_section(a.warmstarts)]
+        lines += [
+            "",
+            "## What each privileged context gives the warm start (nats/token on held-out expert actions; > 0: the teacher can use it)",
+            "",
+            *context_gains_section(a.warmstarts),
+        ]
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m analysis.report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--table1", required=True)
     p.add_argument("--table1-md", required=True)
     p.add_argument("--targets")
@@ -258,7 +302,25 @@ def main(argv=None) -> None:
     p.add_argument("--compute-figure", help="compute.png (reward against training time and token passes)")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
-    for name in ("table1", "table1_md", "targets", "targets_md", "improvement", "improvement_md", "ablations", "ablations_md", "behaviour_md", "dynamics", "figure", "dynamics_figure", "testbed", "testbed_md", "paired_md", "compute_md", "compute_figure"):
+    for name in (
+        "table1",
+        "table1_md",
+        "targets",
+        "targets_md",
+        "improvement",
+        "improvement_md",
+        "ablations",
+        "ablations_md",
+        "behaviour_md",
+        "dynamics",
+        "figure",
+        "dynamics_figure",
+        "testbed",
+        "testbed_md",
+        "paired_md",
+        "compute_md",
+        "compute_figure",
+    ):
         v = getattr(a, name)
         if v and not Path(v).exists():
             p.error(f"--{name.replace('_', '-')} {v}: no such file")

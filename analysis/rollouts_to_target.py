@@ -28,7 +28,22 @@ import pandas as pd
 from .names import display, domain_name, ordered
 from .runs import METRIC, eval_points, finals, write_table
 
-COLUMNS = ["domain", "method", "reference", "target", "rollouts_to_target", "ci_low", "ci_high", "reached_share", "ratio", "at_start", "budget", "eval_interval", "n_seeds", "paired"]
+COLUMNS = [
+    "domain",
+    "method",
+    "reference",
+    "target",
+    "rollouts_to_target",
+    "ci_low",
+    "ci_high",
+    "reached_share",
+    "ratio",
+    "at_start",
+    "budget",
+    "eval_interval",
+    "n_seeds",
+    "paired",
+]
 
 
 def first_reach(curves: np.ndarray, xs: np.ndarray, target: float) -> float:
@@ -39,7 +54,11 @@ def first_reach(curves: np.ndarray, xs: np.ndarray, target: float) -> float:
 
 def _curves(pts: pd.DataFrame, domain: str, method: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(seeds, curves seeds x points, rollouts of the points) of one method on one domain."""
-    g = pts[(pts.domain == domain) & (pts.method == method)].pivot_table(index="seed", columns="rollouts", values=METRIC).sort_index()
+    g = (
+        pts[(pts.domain == domain) & (pts.method == method)]
+        .pivot_table(index="seed", columns="rollouts", values=METRIC)
+        .sort_index()
+    )
     if g.isna().any().any():
         raise ValueError(f"{domain}/{method}: seeds were evaluated at different rollouts: {sorted(g.columns)}")
     return g.index.to_numpy(), g.to_numpy(), g.columns.to_numpy(dtype=float)
@@ -68,10 +87,22 @@ def compute(runs: list[str], reference: str = "grpo", n_boot: int = 5000, seed: 
             lo, hi = (float(np.quantile(reps, q, method="lower" if q < 0.5 else "higher")) for q in (0.025, 0.975))
             finite = np.isfinite
             out.append(
-                {"domain": d, "method": m, "reference": reference, "target": target, "rollouts_to_target": point if finite(point) else None,
-                 "ci_low": lo if finite(lo) else None, "ci_high": hi if finite(hi) else None, "reached_share": float(finite(reps).mean()),
-                 "ratio": point / budget if finite(point) else None, "at_start": bool(curves[:, 0].mean() >= target - 1e-12),
-                 "budget": budget, "eval_interval": float(np.diff(xs).min()) if xs.size > 1 else None, "n_seeds": len(curves), "paired": paired}
+                {
+                    "domain": d,
+                    "method": m,
+                    "reference": reference,
+                    "target": target,
+                    "rollouts_to_target": point if finite(point) else None,
+                    "ci_low": lo if finite(lo) else None,
+                    "ci_high": hi if finite(hi) else None,
+                    "reached_share": float(finite(reps).mean()),
+                    "ratio": point / budget if finite(point) else None,
+                    "at_start": bool(curves[:, 0].mean() >= target - 1e-12),
+                    "budget": budget,
+                    "eval_interval": float(np.diff(xs).min()) if xs.size > 1 else None,
+                    "n_seeds": len(curves),
+                    "paired": paired,
+                }
             )
     return pd.DataFrame(out, columns=COLUMNS)
 
@@ -86,7 +117,7 @@ def to_markdown(df: pd.DataFrame) -> str:
         f"# Rollouts to reach {ref}'s final held-out score",
         "",
         f"First evaluation point at which a method's mean curve reaches {ref}'s final mean; 95 % CI from a bootstrap over seeds, paired by seed (the same warm start; "
-        "\"not reached\" where some resamples never reach it); ratio = rollouts over the reference's budget.",
+        '"not reached" where some resamples never reach it); ratio = rollouts over the reference\'s budget.',
         "",
         "| domain | method | target | rollouts to target | 95 % CI | resamples reaching | ratio to budget | note |",
         "|---|---|---|---|---|---|---|---|",
@@ -94,14 +125,23 @@ def to_markdown(df: pd.DataFrame) -> str:
     for r in df.itertuples():
         note = "target <= its score before training" if r.at_start else ""
         ratio = "" if pd.isna(r.ratio) else f"{r.ratio:.2f}"
-        lines.append(f"| {domain_name(r.domain)} | {display(r.method)} | {r.target:.3f} | {_fmt(r.rollouts_to_target)} | [{_fmt(r.ci_low)}, {_fmt(r.ci_high)}] | {r.reached_share:.0%} | {ratio} | {note} |")
+        lines.append(
+            f"| {domain_name(r.domain)} | {display(r.method)} | {r.target:.3f} | {_fmt(r.rollouts_to_target)} | [{_fmt(r.ci_low)}, {_fmt(r.ci_high)}] | {r.reached_share:.0%} | {ratio} | {note} |"
+        )
     if len(df):
-        lines += ["", f"Evaluation interval: {df.eval_interval.dropna().min():.0f} rollouts (the resolution of these numbers)."]
+        lines += [
+            "",
+            f"Evaluation interval: {df.eval_interval.dropna().min():.0f} rollouts (the resolution of these numbers).",
+        ]
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m analysis.rollouts_to_target", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m analysis.rollouts_to_target",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--runs", nargs="+", required=True, help="run summary.json files (all methods)")
     p.add_argument("--reference", default="grpo", help="method whose final score is the target (default grpo)")
     p.add_argument("--out-csv", required=True)

@@ -35,13 +35,35 @@ def final_rows(vanilla: list[str], runs: list[str]) -> list[dict]:
     rows = []
     for p in vanilla:
         e = json.loads(Path(p).read_text())
-        rows.append({"path": p, "domain": e["domain"], "method": "vanilla", "seed": e["seed"], "version": e["domain_version"], "budget": 0, "pre": 0, "value": e[METRIC], **_heldout(e)})
+        rows.append(
+            {
+                "path": p,
+                "domain": e["domain"],
+                "method": "vanilla",
+                "seed": e["seed"],
+                "version": e["domain_version"],
+                "budget": 0,
+                "pre": 0,
+                "value": e[METRIC],
+                **_heldout(e),
+            }
+        )
     for p in runs:
         s = json.loads(Path(p).read_text())
         led = s["ledger"]
         rows.append(
-            {"path": p, "domain": s["domain"], "method": s["method"], "seed": s["seed"], "version": s["domain_version"], "budget": led["rollout_budget"],
-             "used": led["rollouts"], "pre": led.get("pre_rollouts", 0), "value": s["final"][METRIC], **_heldout(s["final"])}
+            {
+                "path": p,
+                "domain": s["domain"],
+                "method": s["method"],
+                "seed": s["seed"],
+                "version": s["domain_version"],
+                "budget": led["rollout_budget"],
+                "used": led["rollouts"],
+                "pre": led.get("pre_rollouts", 0),
+                "value": s["final"][METRIC],
+                **_heldout(s["final"]),
+            }
         )
     return rows
 
@@ -64,7 +86,9 @@ def check_comparable(rows: list[dict]) -> None:
             if r["method"] != "vanilla":
                 budgets[r["budget"]].append(r["path"])
                 if r.get("used") is not None and r["used"] != r["budget"]:
-                    raise MixedRunsError(f"run {r['path']} used {r['used']} rollouts of its budget {r['budget']} (unfinished?)")
+                    raise MixedRunsError(
+                        f"run {r['path']} used {r['used']} rollouts of its budget {r['budget']} (unfinished?)"
+                    )
         if len(budgets) > 1:
             detail = "; ".join(f"{b} rollouts: {', '.join(ps)}" for b, ps in budgets.items())
             raise MixedRunsError(f"domain {domain!r} mixes rollout budgets: {detail}")
@@ -98,7 +122,16 @@ def eval_points(runs: list[str], extra=None) -> pd.DataFrame:
         s, recs = run_records(p)
         for rec in recs:
             if rec.get("kind") == "eval":
-                out.append({"domain": s["domain"], "method": s["method"], "seed": s["seed"], "rollouts": rec["rollouts"], **_heldout(rec), **(extra(rec) if extra else {})})
+                out.append(
+                    {
+                        "domain": s["domain"],
+                        "method": s["method"],
+                        "seed": s["seed"],
+                        "rollouts": rec["rollouts"],
+                        **_heldout(rec),
+                        **(extra(rec) if extra else {}),
+                    }
+                )
     return pd.DataFrame(out)
 
 

@@ -54,8 +54,12 @@ def plot(bands: pd.DataFrame, out_png: Path) -> list[Path]:
     domains = sorted(bands["domain"].unique())
     methods = ordered(bands["method"].unique())
     has_delta = "delta_mean" in bands and bands["delta_mean"].notna().any()
-    rows = [("mean", "ci_low", "ci_high", "held-out reward")] + ([("delta_mean", "delta_low", "delta_high", "minus GRPO, same seed")] if has_delta else [])
-    fig, axes = plt.subplots(len(rows), len(domains), figsize=(5.2 * len(domains), 3.4 * len(rows)), squeeze=False, sharex=True)
+    rows = [("mean", "ci_low", "ci_high", "held-out reward")] + (
+        [("delta_mean", "delta_low", "delta_high", "minus GRPO, same seed")] if has_delta else []
+    )
+    fig, axes = plt.subplots(
+        len(rows), len(domains), figsize=(5.2 * len(domains), 3.4 * len(rows)), squeeze=False, sharex=True
+    )
     for j, d in enumerate(domains):
         sub = bands[bands.domain == d]
         for i, (mcol, lcol, hcol, ylabel) in enumerate(rows):
@@ -65,7 +69,16 @@ def plot(bands: pd.DataFrame, out_png: Path) -> list[Path]:
                 if g.empty:
                     continue
                 c = color(m, methods)
-                ax.plot(g.rollouts, g[mcol], color=c, lw=2.2 if m == "lopd" else 1.3, marker="o", ms=3, label=display(m), zorder=3 if m == "lopd" else 2)
+                ax.plot(
+                    g.rollouts,
+                    g[mcol],
+                    color=c,
+                    lw=2.2 if m == "lopd" else 1.3,
+                    marker="o",
+                    ms=3,
+                    label=display(m),
+                    zorder=3 if m == "lopd" else 2,
+                )
                 ax.fill_between(g.rollouts, g[lcol], g[hcol], color=c, alpha=0.08, lw=0)
             if i == 1:
                 ax.axhline(0, color="#7f7f7f", lw=0.8, ls="--")
@@ -79,7 +92,9 @@ def plot(bands: pd.DataFrame, out_png: Path) -> list[Path]:
     for ax in axes.flat:
         for h, lab in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lab, h)
-    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(len(handles), 8), fontsize=8, frameon=False)
+    fig.legend(
+        list(handles.values()), list(handles), loc="lower center", ncol=min(len(handles), 8), fontsize=8, frameon=False
+    )
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     out_png = Path(out_png)
     out_png.parent.mkdir(parents=True, exist_ok=True)
@@ -94,8 +109,14 @@ def plot(bands: pd.DataFrame, out_png: Path) -> list[Path]:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m analysis.sample_efficiency", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--vanilla", nargs="*", default=[], help="base-policy eval.json files (checked for comparability with the runs)")
+    p = argparse.ArgumentParser(
+        prog="python -m analysis.sample_efficiency",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--vanilla", nargs="*", default=[], help="base-policy eval.json files (checked for comparability with the runs)"
+    )
     p.add_argument("--runs", nargs="+", required=True, help="run summary.json files")
     p.add_argument("--out", required=True, help="PNG path; the PDF goes beside it")
     a = p.parse_args(argv)

@@ -45,6 +45,11 @@ def poi_ci(pairs: list[tuple], n_boot: int = 5000, level: float = 0.95, seed: in
     rng = np.random.default_rng(seed)
     reps = np.empty(n_boot)
     for b in range(n_boot):
-        reps[b] = np.mean([probability_of_improvement(x[rng.integers(0, x.size, x.size)], y[rng.integers(0, y.size, y.size)]) for x, y in pairs])
+        reps[b] = np.mean(
+            [
+                probability_of_improvement(x[rng.integers(0, x.size, x.size)], y[rng.integers(0, y.size, y.size)])
+                for x, y in pairs
+            ]
+        )
     alpha = (1 - level) / 2
     return point, float(np.quantile(reps, alpha)), float(np.quantile(reps, 1 - alpha))

@@ -44,7 +44,19 @@ def table(rows: list[dict]) -> pd.DataFrame:
             # one base policy per domain: no RL seeds to vary, so its interval is its evaluation's (mean +- 1.96 SE)
             lo, hi = mean - 1.96 * rs[0]["heldout_reward_se"], mean + 1.96 * rs[0]["heldout_reward_se"]
         pre = max(r.get("pre", 0) for r in rs)
-        out.append({"domain": domain, "method": method, "metric": METRIC, "mean": mean, "ci_low": lo, "ci_high": hi, "n_seeds": len(rs), "rollout_budget": budget, "pre_rollouts": pre})
+        out.append(
+            {
+                "domain": domain,
+                "method": method,
+                "metric": METRIC,
+                "mean": mean,
+                "ci_low": lo,
+                "ci_high": hi,
+                "n_seeds": len(rs),
+                "rollout_budget": budget,
+                "pre_rollouts": pre,
+            }
+        )
     df = pd.DataFrame(out, columns=COLUMNS)
     order = {"vanilla": 0}
     df["_o"] = df["method"].map(lambda m: order.get(m, 1))
@@ -59,7 +71,18 @@ def curves(runs: list[str]) -> pd.DataFrame:
     if not pts.empty:
         for (domain, method, rollouts), g in pts.groupby(["domain", "method", "rollouts"], sort=True):
             mean, lo, hi = bootstrap_ci(g.sort_values("seed")[METRIC])
-            out.append({"domain": domain, "method": method, "rollouts": rollouts, "metric": METRIC, "mean": mean, "ci_low": lo, "ci_high": hi, "n_seeds": len(g)})
+            out.append(
+                {
+                    "domain": domain,
+                    "method": method,
+                    "rollouts": rollouts,
+                    "metric": METRIC,
+                    "mean": mean,
+                    "ci_low": lo,
+                    "ci_high": hi,
+                    "n_seeds": len(g),
+                }
+            )
     return pd.DataFrame(out, columns=cols)
 
 
@@ -73,7 +96,9 @@ def to_markdown(df: pd.DataFrame, title: str = "Table 1") -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for r in df.itertuples():
-        lines.append(f"| {r.domain} | {r.method} | {r.mean:.3f} | [{r.ci_low:.3f}, {r.ci_high:.3f}] | {r.n_seeds} | {r.rollout_budget} | {r.pre_rollouts} |")
+        lines.append(
+            f"| {r.domain} | {r.method} | {r.mean:.3f} | [{r.ci_low:.3f}, {r.ci_high:.3f}] | {r.n_seeds} | {r.rollout_budget} | {r.pre_rollouts} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -82,7 +107,9 @@ def _write(path: str, text: str) -> None:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m analysis.table1", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m analysis.table1", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--vanilla", nargs="*", default=[], help="warm-start eval.json files")
     p.add_argument("--runs", nargs="*", default=[], help="run summary.json files")
     p.add_argument("--out-csv", required=True)

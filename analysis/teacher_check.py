@@ -48,16 +48,37 @@ def per_run(runs: list[str]) -> pd.DataFrame:
         rec = next((r for r in recs if KEY in r), None)  # logged once: the first record that has it
         if rec is None:
             continue
-        row = {"domain": s["domain"], "method": s["method"], "seed": s["seed"], "gain": float(rec[KEY]), "step": rec.get("step"), "rollouts": rec.get("rollouts"),
-               "failed_shift": rec.get(SHIFT), "failed_attempts": rec.get("teacher_failed_attempts")}
+        row = {
+            "domain": s["domain"],
+            "method": s["method"],
+            "seed": s["seed"],
+            "gain": float(rec[KEY]),
+            "step": rec.get("step"),
+            "rollouts": rec.get("rollouts"),
+            "failed_shift": rec.get(SHIFT),
+            "failed_attempts": rec.get("teacher_failed_attempts"),
+        }
         for k, v in rec.items():
             if k.startswith(KEY + "_"):
                 kind = k[len(KEY) + 1 :]
                 kinds.add(kind)
-                row[f"gain_{kind}"], row[f"pairs_{kind}"], row[f"failed_shift_{kind}"] = float(v), rec.get(f"teacher_context_pairs_{kind}"), rec.get(f"{SHIFT}_{kind}")
+                row[f"gain_{kind}"], row[f"pairs_{kind}"], row[f"failed_shift_{kind}"] = (
+                    float(v),
+                    rec.get(f"teacher_context_pairs_{kind}"),
+                    rec.get(f"{SHIFT}_{kind}"),
+                )
         rows.append(row)
-    cols = ["domain", "method", "seed", "gain", "step", "rollouts", "failed_shift", "failed_attempts",
-            *(c for k in sorted(kinds) for c in (f"gain_{k}", f"pairs_{k}", f"failed_shift_{k}"))]
+    cols = [
+        "domain",
+        "method",
+        "seed",
+        "gain",
+        "step",
+        "rollouts",
+        "failed_shift",
+        "failed_attempts",
+        *(c for k in sorted(kinds) for c in (f"gain_{k}", f"pairs_{k}", f"failed_shift_{k}")),
+    ]
     return pd.DataFrame(rows, columns=cols).sort_values(["domain", "method", "seed"], ignore_index=True)
 
 
@@ -71,7 +92,15 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     g = df.groupby(["domain", "method"])["gain"]
     shift = df.groupby(["domain", "method"])["failed_shift"].mean()  # NaN where no run logged it
-    out = pd.DataFrame({"mean_gain": g.mean(), "min_gain": g.min(), "n_seeds": g.size(), "seeds_passing": g.apply(lambda x: int((x > 0).sum())), "mean_failed_shift": shift}).reset_index()
+    out = pd.DataFrame(
+        {
+            "mean_gain": g.mean(),
+            "min_gain": g.min(),
+            "n_seeds": g.size(),
+            "seeds_passing": g.apply(lambda x: int((x > 0).sum())),
+            "mean_failed_shift": shift,
+        }
+    ).reset_index()
     return out[cols]
 
 
@@ -95,7 +124,9 @@ def to_markdown(df: pd.DataFrame, summary: pd.DataFrame) -> str:
             seeds = df[(df.domain == d) & (df.method == m)]
             per_seed = ", ".join(f"{r.seed}: {r.gain:+.4f}" for r in seeds.itertuples())
             r = sub.loc[m]
-            lines.append(f"| {domain_name(d)} | {display(m)} | {per_seed} | {r.mean_gain:+.4f} | {r.seeds_passing}/{r.n_seeds} | {_signed(r.mean_failed_shift)} |")
+            lines.append(
+                f"| {domain_name(d)} | {display(m)} | {per_seed} | {r.mean_gain:+.4f} | {r.seeds_passing}/{r.n_seeds} | {_signed(r.mean_failed_shift)} |"
+            )
     return "\n".join(lines + by_kind_markdown(df)) + "\n"
 
 
@@ -104,16 +135,26 @@ def by_kind_markdown(df: pd.DataFrame) -> list[str]:
     kinds = kinds_of(df)
     if not kinds:
         return []
-    lines = ["", "By kind of context (a method that builds several kinds; pairs: distinct task-context pairs of that step scored):", "",
-             "| domain | method | kind | per seed (pairs) | mean | seeds > 0 | on own failed attempts |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        "By kind of context (a method that builds several kinds; pairs: distinct task-context pairs of that step scored):",
+        "",
+        "| domain | method | kind | per seed (pairs) | mean | seeds > 0 | on own failed attempts |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for (d, m), sub in df.groupby(["domain", "method"], sort=False):
         for k in kinds:
             seeds = sub.dropna(subset=[f"gain_{k}"])
             if seeds.empty:
                 continue
-            per_seed = ", ".join(f"{r.seed}: {getattr(r, 'gain_' + k):+.4f} ({int(getattr(r, 'pairs_' + k))})" for r in seeds.itertuples())
+            per_seed = ", ".join(
+                f"{r.seed}: {getattr(r, 'gain_' + k):+.4f} ({int(getattr(r, 'pairs_' + k))})"
+                for r in seeds.itertuples()
+            )
             g = seeds[f"gain_{k}"]
-            lines.append(f"| {domain_name(d)} | {display(m)} | {k.replace('_', ' ')} | {per_seed} | {g.mean():+.4f} | {int((g > 0).sum())}/{len(g)} | {_signed(seeds[f'failed_shift_{k}'].mean())} |")
+            lines.append(
+                f"| {domain_name(d)} | {display(m)} | {k.replace('_', ' ')} | {per_seed} | {g.mean():+.4f} | {int((g > 0).sum())}/{len(g)} | {_signed(seeds[f'failed_shift_{k}'].mean())} |"
+            )
     return lines
 
 
@@ -122,8 +163,14 @@ def _signed(x) -> str:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m analysis.teacher_check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--runs", nargs="+", required=True, help="run summary.json files (their metrics.jsonl sits beside them)")
+    p = argparse.ArgumentParser(
+        prog="python -m analysis.teacher_check",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--runs", nargs="+", required=True, help="run summary.json files (their metrics.jsonl sits beside them)"
+    )
     p.add_argument("--out-csv", required=True)
     p.add_argument("--out-md", required=True)
     a = p.parse_args(argv)

@@ -88,7 +88,11 @@ def checks(probes: list[dict], rows: list[dict]) -> pd.DataFrame:
 
 def to_markdown(df: pd.DataFrame) -> str:
     n_fail = int((~df["pass"]).sum())
-    verdict = "every check passes: the test bed can show a difference where one exists" if n_fail == 0 else f"{n_fail} of {len(df)} checks fail: differences between methods on this profile may be invisible or meaningless"
+    verdict = (
+        "every check passes: the test bed can show a difference where one exists"
+        if n_fail == 0
+        else f"{n_fail} of {len(df)} checks fail: differences between methods on this profile may be invisible or meaningless"
+    )
     lines = [
         "# Test-bed validity (held-out tasks, the profile's own evaluation protocol)",
         "",
@@ -98,16 +102,28 @@ def to_markdown(df: pd.DataFrame) -> str:
         "|---|---|---|---|---|---|",
     ]
     for r in df.to_dict("records"):
-        v = "not measured" if math.isnan(r["value"]) else f"{r['value']:.4f}" if r["check"] == "eval_se" else f"{r['value']:+.4f}"
-        lines.append(f"| {domain_name(r['domain'])} | {r['check']} | {v} | {r['threshold']} | {'yes' if r['pass'] else '**no**'} | {CHECKS[r['check']][2]} |")
+        v = (
+            "not measured"
+            if math.isnan(r["value"])
+            else f"{r['value']:.4f}"
+            if r["check"] == "eval_se"
+            else f"{r['value']:+.4f}"
+        )
+        lines.append(
+            f"| {domain_name(r['domain'])} | {r['check']} | {v} | {r['threshold']} | {'yes' if r['pass'] else '**no**'} | {CHECKS[r['check']][2]} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m analysis.testbed", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m analysis.testbed", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--probes", nargs="*", default=[], help="testbed.json files of methods.cli testbed (one per domain)")
     p.add_argument("--vanilla", nargs="*", default=[], help="base-policy eval.json files (one per domain)")
-    p.add_argument("--runs", nargs="*", default=[], help="run summary.json files (GRPO's give the headroom; all give eval_se)")
+    p.add_argument(
+        "--runs", nargs="*", default=[], help="run summary.json files (GRPO's give the headroom; all give eval_se)"
+    )
     p.add_argument("--out-csv", required=True)
     p.add_argument("--out-md", required=True)
     a = p.parse_args(argv)

@@ -35,7 +35,18 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-EVAL_KEYS = ("heldout_reward", "heldout_reward_se", "train_reward", "parameters", "demo_s", "sft_s", "wall_s", "final_nll", "context_gain_own_solution", "context_gain_same_group")
+EVAL_KEYS = (
+    "heldout_reward",
+    "heldout_reward_se",
+    "train_reward",
+    "parameters",
+    "demo_s",
+    "sft_s",
+    "wall_s",
+    "final_nll",
+    "context_gain_own_solution",
+    "context_gain_same_group",
+)
 
 
 def write_jobs(config: dict, domain: str, name: str, overrides: dict, out: Path) -> dict[str, Path]:
@@ -47,7 +58,11 @@ def write_jobs(config: dict, domain: str, name: str, overrides: dict, out: Path)
     dom = prof.setdefault("domain_overrides", {}).setdefault(domain, {})
     dom["warmstart"] = {**dom.get("warmstart", {}), **overrides.get("warmstart", {})}
     prof["domain_options"] = {**prof.get("domain_options", {}), **overrides.get("domain_options", {})}
-    jobs = {"stage1": stage1_job(resolve_job(cfg, domain)), "base": resolve_job(cfg, domain), "grpo": resolve_job(cfg, domain, "grpo")}
+    jobs = {
+        "stage1": stage1_job(resolve_job(cfg, domain)),
+        "base": resolve_job(cfg, domain),
+        "grpo": resolve_job(cfg, domain, "grpo"),
+    }
     paths = {}
     for key, job in jobs.items():
         paths[key] = out / name / f"job_{key}.json"
@@ -72,7 +87,15 @@ def classify_code(model_dir: Path, device: str, n: int) -> dict:
     model, tok = load_policy(model_dir, device=device)
     dom = get_domain("code", 0, system_prompt=False, attempts=1)
     tasks = [t for t in dom.tasks("test", n) if not t.payload["test_only_project"]]
-    rolls = run_episodes(model, ChatEncoder(tok), dom, tasks, None, SamplingConfig(temperature=0.0, max_new_tokens=96), generator=torch.Generator(device=device).manual_seed(0))
+    rolls = run_episodes(
+        model,
+        ChatEncoder(tok),
+        dom,
+        tasks,
+        None,
+        SamplingConfig(temperature=0.0, max_new_tokens=96),
+        generator=torch.Generator(device=device).manual_seed(0),
+    )
     templates = {t.name: t for t in TEMPLATES}
     sets = [()] + [(c,) for c in CONVENTIONS] + list(itertools.combinations(CONVENTIONS, 2))
     out = {"tasks": len(tasks), "right": 0, "wrong_conv": 0, "core_wrong": 0, "no_program": 0}
@@ -84,8 +107,22 @@ def classify_code(model_dir: Path, device: str, n: int) -> dict:
         except Exception:
             out["no_program"] += 1
             continue
-        match = next((s for s in sets if got == [_call(_compile(render_reference(tmpl, task.payload["params"], s)), x) for x in _probes(tmpl.arg)]), None)
-        out["core_wrong" if match is None else "right" if set(match) == set(task.payload["conventions"]) else "wrong_conv"] += 1
+        match = next(
+            (
+                s
+                for s in sets
+                if got
+                == [_call(_compile(render_reference(tmpl, task.payload["params"], s)), x) for x in _probes(tmpl.arg)]
+            ),
+            None,
+        )
+        out[
+            "core_wrong"
+            if match is None
+            else "right"
+            if set(match) == set(task.payload["conventions"])
+            else "wrong_conv"
+        ] += 1
     dom.close()
     return out
 
@@ -93,13 +130,22 @@ def classify_code(model_dir: Path, device: str, n: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--domain", default="code")
-    ap.add_argument("--variant", nargs=2, action="append", metavar=("NAME", "JSON"), required=True, help="name and overrides {model: ..., warmstart: ..., domain_options: ...}")
+    ap.add_argument(
+        "--variant",
+        nargs=2,
+        action="append",
+        metavar=("NAME", "JSON"),
+        required=True,
+        help="name and overrides {model: ..., warmstart: ..., domain_options: ...}",
+    )
     ap.add_argument("--config", default=str(ROOT / "config" / "config.yaml"))
     ap.add_argument("--profile", default="small")
     ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2], help="GRPO seeds")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--budget-s", type=float, default=3600.0, help="skip steps that would start after this many seconds")
+    ap.add_argument(
+        "--budget-s", type=float, default=3600.0, help="skip steps that would start after this many seconds"
+    )
     ap.add_argument("--classify-tasks", type=int, default=1000)
     a = ap.parse_args()
     deadline = time.time() + a.budget_s
@@ -123,12 +169,55 @@ def main() -> None:
     def variant(item) -> tuple[str, dict]:
         name, overrides = item
         jobs, d = write_jobs(config, a.domain, name, json.loads(overrides), out), out / name
-        st = {"stage1": run(cli("warmstart", "--job", f"@{jobs['stage1']}", "--seed", "0", "--out", str(d / "stage1")), d / "stage1.log")}
-        st["base"] = run(cli("warmstart-stage2", "--job", f"@{jobs['base']}", "--seed", "0", "--stage1", str(d / "stage1"), "--out", str(d / "base")), d / "base.log")
-        todo = {f"grpo{s}": cli("train", "--job", f"@{jobs['grpo']}", "--seed", str(s), "--warmstart", str(d / "base"), "--out", str(d / f"grpo/seed{s}")) for s in a.seeds}
-        todo["probe"] = cli("testbed", "--job", f"@{jobs['base']}", "--seed", "0", "--warmstart", str(d / "base"), "--out", str(d / "probe.json"))
+        st = {
+            "stage1": run(
+                cli("warmstart", "--job", f"@{jobs['stage1']}", "--seed", "0", "--out", str(d / "stage1")),
+                d / "stage1.log",
+            )
+        }
+        st["base"] = run(
+            cli(
+                "warmstart-stage2",
+                "--job",
+                f"@{jobs['base']}",
+                "--seed",
+                "0",
+                "--stage1",
+                str(d / "stage1"),
+                "--out",
+                str(d / "base"),
+            ),
+            d / "base.log",
+        )
+        todo = {
+            f"grpo{s}": cli(
+                "train",
+                "--job",
+                f"@{jobs['grpo']}",
+                "--seed",
+                str(s),
+                "--warmstart",
+                str(d / "base"),
+                "--out",
+                str(d / f"grpo/seed{s}"),
+            )
+            for s in a.seeds
+        }
+        todo["probe"] = cli(
+            "testbed",
+            "--job",
+            f"@{jobs['base']}",
+            "--seed",
+            "0",
+            "--warmstart",
+            str(d / "base"),
+            "--out",
+            str(d / "probe.json"),
+        )
         with cf.ThreadPoolExecutor(len(todo)) as ex:
-            st.update({k: f.result() for k, f in {k: ex.submit(run, c, d / f"{k}.log") for k, c in todo.items()}.items()})
+            st.update(
+                {k: f.result() for k, f in {k: ex.submit(run, c, d / f"{k}.log") for k, c in todo.items()}.items()}
+            )
         return name, st
 
     with cf.ThreadPoolExecutor(len(a.variant)) as ex:
@@ -143,7 +232,11 @@ def main() -> None:
         for seed in a.seeds:
             m = d / f"grpo/seed{seed}/metrics.jsonl"
             if m.exists():
-                s[f"grpo_seed{seed}"] = [(r["rollouts"], r["heldout_reward"]) for r in map(json.loads, m.read_text().splitlines()) if r.get("kind") == "eval"]
+                s[f"grpo_seed{seed}"] = [
+                    (r["rollouts"], r["heldout_reward"])
+                    for r in map(json.loads, m.read_text().splitlines())
+                    if r.get("kind") == "eval"
+                ]
         if (d / "probe.json").exists():
             p = json.loads((d / "probe.json").read_text())
             s["probe"] = {k: p.get(k) for k in ("reward_no_context", "reward_reference", "reference_gain", "probe_s")}

@@ -31,7 +31,11 @@ def main(argv=None) -> None:
     from methods.lopd.composer import item_text
     from methods.lopd.method import LOPDConfig, build_composer
 
-    p = argparse.ArgumentParser(prog="python benchmarks/bench_composer_chunks.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python benchmarks/bench_composer_chunks.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--domain", required=True)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", default="small")
@@ -47,10 +51,22 @@ def main(argv=None) -> None:
     if not items:
         p.error("the bank is empty")
     rng = random.Random(0)
-    ids = composer.encode_items([item_text(rng.choice(items)["task_text"], rng.choice(items)["trace"]) for _ in range(a.items)])
+    ids = composer.encode_items(
+        [item_text(rng.choice(items)["task_text"], rng.choice(items)["trace"]) for _ in range(a.items)]
+    )
     with torch.no_grad():
         one = composer(ids, chunk_items=len(ids))
-    row = {"domain": a.domain, "items": len(ids), "item_tokens": {"min": min(map(len, ids)), "mean": round(sum(map(len, ids)) / len(ids), 1), "max": max(map(len, ids))}, "seconds": {}, "max_abs_diff": {}}
+    row = {
+        "domain": a.domain,
+        "items": len(ids),
+        "item_tokens": {
+            "min": min(map(len, ids)),
+            "mean": round(sum(map(len, ids)) / len(ids), 1),
+            "max": max(map(len, ids)),
+        },
+        "seconds": {},
+        "max_abs_diff": {},
+    }
     for chunk in a.chunks:
         times = []
         for _ in range(a.repeats):

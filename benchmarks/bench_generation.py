@@ -79,14 +79,20 @@ def main(argv=None) -> None:
     from methods.core.tokenizer import ChatEncoder
     from tasks.base import get_domain
 
-    p = argparse.ArgumentParser(prog="python benchmarks/bench_generation.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python benchmarks/bench_generation.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--warmstart", required=True, help="warm start directory (holds model/)")
     p.add_argument("--domain", required=True)
     p.add_argument("--batch", type=int, nargs="+", default=[32, 200])
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3, help="timed batches per batch size")
     p.add_argument("--profile", default="small")
-    p.add_argument("--cprofile", action="store_true", help="print where the time of one batch goes (cProfile, top 12 by own time)")
+    p.add_argument(
+        "--cprofile", action="store_true", help="print where the time of one batch goes (cProfile, top 12 by own time)"
+    )
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     peak = matmul_peak()
@@ -94,7 +100,9 @@ def main(argv=None) -> None:
     config["profile"] = a.profile
     job = resolve_job(config, a.domain, "grpo")
     tr = job["train"]
-    cfg = SamplingConfig(temperature=tr["temperature"], max_new_tokens=tr["max_new_tokens"], max_seq_len=tr["max_seq_len"])
+    cfg = SamplingConfig(
+        temperature=tr["temperature"], max_new_tokens=tr["max_new_tokens"], max_seq_len=tr["max_seq_len"]
+    )
     model, tok = load_policy(Path(a.warmstart) / "model")
     model.eval()
     enc = ChatEncoder(tok)
@@ -106,13 +114,17 @@ def main(argv=None) -> None:
     for b in a.batch:
         batches = [tasks[r * b : (r + 1) * b] for r in range(a.repeats)]
         with FlopCounterMode(display=False) as fc:
-            counted = run_episodes(model, enc, domain, batches[0], None, cfg, torch.Generator().manual_seed(0), batch_size=b)
+            counted = run_episodes(
+                model, enc, domain, batches[0], None, cfg, torch.Generator().manual_seed(0), batch_size=b
+            )
         flops = fc.get_total_flops()
         t0 = time.perf_counter()
         first = run_episodes(model, enc, domain, batches[0], None, cfg, torch.Generator().manual_seed(0), batch_size=b)
         t_first = time.perf_counter() - t0
         if [r.ids for r in first] != [r.ids for r in counted]:
-            raise RuntimeError("the counted and the timed pass generated different tokens; the FLOP count would not match the timing")
+            raise RuntimeError(
+                "the counted and the timed pass generated different tokens; the FLOP count would not match the timing"
+            )
         toks, wall = sum(r.generated_tokens for r in first), t_first
         for r, chunk in enumerate(batches[1:], start=1):
             t0 = time.perf_counter()
@@ -122,20 +134,45 @@ def main(argv=None) -> None:
         achieved = flops / t_first / 1e9
         processed = sum(len(r.ids) for r in first)  # every token of a finished episode passes the model once (KV cache)
         useful = 2 * matmul_params * processed / t_first / 1e9
-        print(json.dumps({
-            "domain": a.domain, "batch": b, "threads": a.threads, "parameters": count_parameters(model), "matmul_parameters": matmul_params,
-            "generated_tokens_per_s": round(toks / wall, 1), "rollouts_per_s": round(b * a.repeats / wall, 2),
-            "counted_gflop_per_batch": round(flops / 1e9, 3), "achieved_gflops": round(achieved, 3), **peak,
-            "efficiency_vs_peak": round(achieved / peak["peak_gflops"], 4), "target": 0.25,
-            "tokens_processed_per_batch": processed, "useful_gflops": round(useful, 3), "useful_efficiency_vs_peak": round(useful / peak["peak_gflops"], 4),
-            "model_flops_per_token": 2 * matmul_params, "sampling": {"temperature": cfg.temperature, "max_new_tokens": cfg.max_new_tokens},
-        }))
+        print(
+            json.dumps(
+                {
+                    "domain": a.domain,
+                    "batch": b,
+                    "threads": a.threads,
+                    "parameters": count_parameters(model),
+                    "matmul_parameters": matmul_params,
+                    "generated_tokens_per_s": round(toks / wall, 1),
+                    "rollouts_per_s": round(b * a.repeats / wall, 2),
+                    "counted_gflop_per_batch": round(flops / 1e9, 3),
+                    "achieved_gflops": round(achieved, 3),
+                    **peak,
+                    "efficiency_vs_peak": round(achieved / peak["peak_gflops"], 4),
+                    "target": 0.25,
+                    "tokens_processed_per_batch": processed,
+                    "useful_gflops": round(useful, 3),
+                    "useful_efficiency_vs_peak": round(useful / peak["peak_gflops"], 4),
+                    "model_flops_per_token": 2 * matmul_params,
+                    "sampling": {"temperature": cfg.temperature, "max_new_tokens": cfg.max_new_tokens},
+                }
+            )
+        )
     if a.cprofile:
         import cProfile
         import pstats
 
         prof = cProfile.Profile()
-        prof.runcall(run_episodes, model, enc, domain, tasks[: a.batch[0]], None, cfg, torch.Generator().manual_seed(0), batch_size=a.batch[0])
+        prof.runcall(
+            run_episodes,
+            model,
+            enc,
+            domain,
+            tasks[: a.batch[0]],
+            None,
+            cfg,
+            torch.Generator().manual_seed(0),
+            batch_size=a.batch[0],
+        )
         pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(12)
     domain.close()
 

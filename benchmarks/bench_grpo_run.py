@@ -41,7 +41,9 @@ def resolve(domain: str, method: str, profile: str = "small", overrides=(), trai
         key, _, value = item.partition("=")
         section, _, field = key.partition(".")
         if section not in ("train", "method_config") or field not in job[section]:
-            raise ValueError(f"--set {item}: expected train.<field>=<value> or method_config.<field>=<value> with an existing field")
+            raise ValueError(
+                f"--set {item}: expected train.<field>=<value> or method_config.<field>=<value> with an existing field"
+            )
         job[section][field] = _parse_value(value)
     _validate(job, method)
     return job
@@ -53,7 +55,22 @@ def run_job(job: dict, seed: int, warmstart, extra_args=(), threads: int = 1) ->
     from methods.cli import main as cli
 
     with tempfile.TemporaryDirectory() as out:
-        cli(["train", "--job", json.dumps(job), "--seed", str(seed), "--warmstart", str(warmstart), "--out", out, "--threads", str(threads), *extra_args])
+        cli(
+            [
+                "train",
+                "--job",
+                json.dumps(job),
+                "--seed",
+                str(seed),
+                "--warmstart",
+                str(warmstart),
+                "--out",
+                out,
+                "--threads",
+                str(threads),
+                *extra_args,
+            ]
+        )
         recs = [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines() if x.strip()]
         summary = json.loads((Path(out) / "summary.json").read_text())
     return recs, summary
@@ -66,8 +83,13 @@ def main(argv=None) -> None:
     p.add_argument("--warmstart", required=True)
     p.add_argument("--profile", default="small")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--set", nargs="*", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a resolved setting (sections: train, method_config), validated like the config")
+    p.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a resolved setting (sections: train, method_config), validated like the config",
+    )
     a = p.parse_args(argv)
     try:
         job = resolve(a.domain, a.method, a.profile, a.set)
@@ -78,16 +100,30 @@ def main(argv=None) -> None:
     wall = time.perf_counter() - t0
     trains = [r for r in recs if r["kind"] == "train"]
     rollout_s = sum(r["rollout_s"] for r in trains)
-    print(json.dumps({
-        "method": a.method, "domain": a.domain, "profile": a.profile, "threads": torch.get_num_threads(),
-        "wall_s": round(wall, 1), "target_s": 80, "rollouts": summary["ledger"]["rollouts"],
-        "train_rollout_s": round(rollout_s, 1), "train_update_s": round(sum(r["update_s"] for r in trains), 1),
-        "eval_s": round(sum(r["eval_s"] for r in recs if r["kind"] == "eval"), 1),
-        "evals": sum(r["kind"] == "eval" for r in recs), "final_heldout_reward": summary["final"]["heldout_reward"],
-        "curve": [(r["rollouts"], round(r["heldout_reward"], 3)) for r in recs if r["kind"] == "eval"],
-        "teacher_context_gain": next((r["teacher_context_gain"] for r in trains if "teacher_context_gain" in r), None),
-        "overrides": a.set, "ledger": summary["ledger"],
-    }))
+    print(
+        json.dumps(
+            {
+                "method": a.method,
+                "domain": a.domain,
+                "profile": a.profile,
+                "threads": torch.get_num_threads(),
+                "wall_s": round(wall, 1),
+                "target_s": 80,
+                "rollouts": summary["ledger"]["rollouts"],
+                "train_rollout_s": round(rollout_s, 1),
+                "train_update_s": round(sum(r["update_s"] for r in trains), 1),
+                "eval_s": round(sum(r["eval_s"] for r in recs if r["kind"] == "eval"), 1),
+                "evals": sum(r["kind"] == "eval" for r in recs),
+                "final_heldout_reward": summary["final"]["heldout_reward"],
+                "curve": [(r["rollouts"], round(r["heldout_reward"], 3)) for r in recs if r["kind"] == "eval"],
+                "teacher_context_gain": next(
+                    (r["teacher_context_gain"] for r in trains if "teacher_context_gain" in r), None
+                ),
+                "overrides": a.set,
+                "ledger": summary["ledger"],
+            }
+        )
+    )
 
 
 def _parse_value(text: str):

@@ -35,18 +35,34 @@ def run_steps(method: str, domain: str, seed: int, steps: int, profile: str, ext
     from benchmarks.bench_grpo_run import resolve, run_job
 
     per_step = resolve(domain, method, profile)["train"]["rollouts_per_step"]
-    train = {"rollout_budget": per_step * steps, "eval_every": per_step * (steps + 1), "eval_episodes": 8, "checkpoint_every": 10**6}
+    train = {
+        "rollout_budget": per_step * steps,
+        "eval_every": per_step * (steps + 1),
+        "eval_episodes": 8,
+        "checkpoint_every": 10**6,
+    }
     job = resolve(domain, method, profile, train=train)
     ws = ROOT / "results" / profile / "warmstart" / domain / f"seed{seed}"
     recs, _ = run_job(job, seed, ws, extra_args)
     trains = [r for r in recs if r["kind"] == "train"][1:]  # the first step warms up
     mean = {k: sum(r.get(k) or 0.0 for r in trains) / len(trains) for k in PARTS}
-    return {"method": method, "domain": domain, "seed": seed, "steps_timed": len(trains), "rollouts_per_step": per_step,
-            "step_s": round(mean["rollout_s"] + mean["update_s"], 3), **{k: round(v, 3) for k, v in mean.items()}}
+    return {
+        "method": method,
+        "domain": domain,
+        "seed": seed,
+        "steps_timed": len(trains),
+        "rollouts_per_step": per_step,
+        "step_s": round(mean["rollout_s"] + mean["update_s"], 3),
+        **{k: round(v, 3) for k, v in mean.items()},
+    }
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python benchmarks/bench_lopd_step.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python benchmarks/bench_lopd_step.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--domain", required=True)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=6, help="training steps per method (the first is not timed)")
@@ -59,7 +75,9 @@ def main(argv=None) -> None:
     config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     config["profile"] = a.profile
     bank = base / "bank" / a.domain / f"seed{a.seed}" / "bank.pt"
-    composer = base / "coldstart" / a.domain / cold_start_key(config, a.domain, "lopd") / f"seed{a.seed}" / "composer.pt"
+    composer = (
+        base / "coldstart" / a.domain / cold_start_key(config, a.domain, "lopd") / f"seed{a.seed}" / "composer.pt"
+    )
     for f in (bank, composer):
         if not f.exists():
             p.error(f"{f} is missing: run the pipeline's bank and coldstart rules first (snakemake --cores all {f})")
@@ -68,10 +86,25 @@ def main(argv=None) -> None:
     lopd = run_steps("lopd", a.domain, a.seed, a.steps, a.profile, ["--bank", str(bank), "--composer", str(composer)])
     print(json.dumps(lopd), flush=True)
     student = lopd["update_s"] - sum(lopd[k] for k in PARTS[2:])
-    print(json.dumps({"domain": a.domain, "lopd_over_grpo": round(lopd["step_s"] / grpo["step_s"], 2), "target": 1.5,
-                      "lopd_breakdown_s": {"rollouts": lopd["rollout_s"], "retrieval": lopd["lopd_retrieval_s"], "composer_latents": lopd["composer_s"],
-                                           "teacher": lopd["teacher_s"], "composer_step": lopd["composer_step_s"], "bank_growth": lopd["bank_add_s"], "student_update": round(student, 3)},
-                      "grpo_breakdown_s": {"rollouts": grpo["rollout_s"], "update": grpo["update_s"]}}))
+    print(
+        json.dumps(
+            {
+                "domain": a.domain,
+                "lopd_over_grpo": round(lopd["step_s"] / grpo["step_s"], 2),
+                "target": 1.5,
+                "lopd_breakdown_s": {
+                    "rollouts": lopd["rollout_s"],
+                    "retrieval": lopd["lopd_retrieval_s"],
+                    "composer_latents": lopd["composer_s"],
+                    "teacher": lopd["teacher_s"],
+                    "composer_step": lopd["composer_step_s"],
+                    "bank_growth": lopd["bank_add_s"],
+                    "student_update": round(student, 3),
+                },
+                "grpo_breakdown_s": {"rollouts": grpo["rollout_s"], "update": grpo["update_s"]},
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

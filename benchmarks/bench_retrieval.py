@@ -70,16 +70,26 @@ def main(argv=None) -> None:
         t = time.perf_counter()
         index.add(bank)
         add_s = time.perf_counter() - t
-        one = 1000 / _per_second(lambda: index.search(qv[:1], 4), 1, repeat=50)
-        batch = 1000 / _per_second(lambda: index.search(qv, 4), len(qv), repeat=10)
-        latency[str(size)] = {"search_ms_single_query": round(one, 3), "search_ms_per_query_batch32": round(batch, 3), "add_s": round(add_s, 3)}
+        one = 1000 / _per_second(lambda index=index: index.search(qv[:1], 4), 1, repeat=50)
+        batch = 1000 / _per_second(lambda index=index: index.search(qv, 4), len(qv), repeat=10)
+        latency[str(size)] = {
+            "search_ms_single_query": round(one, 3),
+            "search_ms_per_query_batch32": round(batch, 3),
+            "add_s": round(add_s, 3),
+        }
     out["retrieval"] = latency
     if a.run:
         recs = [json.loads(x) for x in (Path(a.run) / "metrics.jsonl").read_text().splitlines() if x.strip()]
         steps = [r for r in recs if r["kind"] == "train"]
         ret = sum(r.get("retrieval_s", 0) + r.get("bank_add_s", 0) for r in steps)
         wall = sum(r["rollout_s"] + r["update_s"] + r.get("retrieval_s", 0) for r in steps)
-        out["run"] = {"path": a.run, "steps": len(steps), "retrieval_and_bank_s": round(ret, 2), "step_s": round(wall, 2), "share_of_step_time": round(ret / max(wall, 1e-9), 4)}
+        out["run"] = {
+            "path": a.run,
+            "steps": len(steps),
+            "retrieval_and_bank_s": round(ret, 2),
+            "step_s": round(wall, 2),
+            "share_of_step_time": round(ret / max(wall, 1e-9), 4),
+        }
     print(json.dumps(out))
 
 

@@ -33,16 +33,25 @@ def reprefill_episodes(model, enc, domain, tasks, cfg, generator):
     active = list(range(len(tasks)))
     toks = 0
     while active:
-        gens = sample(model, [ids[i] for i in active], enc.eos_id, enc.pad_id, cfg.max_new_tokens, cfg.temperature, generator)
+        gens = sample(
+            model, [ids[i] for i in active], enc.eos_id, enc.pad_id, cfg.max_new_tokens, cfg.temperature, generator
+        )
         results = domain.step_batch([episodes[i] for i in active], [enc.decode(g) for g in gens])
         still = []
         for i, g, res in zip(active, gens, results):
             ids[i] += g
             toks += len(g)
-            if res.done or episodes[i].done or len(episodes[i].turns) >= tasks[i].max_turns or len(ids[i]) >= cfg.max_seq_len:
+            if (
+                res.done
+                or episodes[i].done
+                or len(episodes[i].turns) >= tasks[i].max_turns
+                or len(ids[i]) >= cfg.max_seq_len
+            ):
                 continue
             close = [] if ids[i][-1] == enc.eos_id else [enc.eos_id]
-            ids[i] += close + enc.after_assistant() + enc.message("tool", res.observation or "") + enc.header("assistant")
+            ids[i] += (
+                close + enc.after_assistant() + enc.message("tool", res.observation or "") + enc.header("assistant")
+            )
             still.append(i)
         active = still
     return len(tasks), toks
@@ -61,7 +70,9 @@ def main(argv=None) -> None:
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--compare-reprefill", action="store_true", help="also time the re-prefill-every-turn engine (ratio)")
+    p.add_argument(
+        "--compare-reprefill", action="store_true", help="also time the re-prefill-every-turn engine (ratio)"
+    )
     p.add_argument("--profile", default="small", help="profile whose domain options to use")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
@@ -82,16 +93,35 @@ def main(argv=None) -> None:
         t0 = time.perf_counter()
         n = toks = 0
         for r in range(a.repeats):
-            rs = run_episodes(model, enc, domain, tasks[r * b : (r + 1) * b], None, cfg, torch.Generator().manual_seed(r), batch_size=b)
+            rs = run_episodes(
+                model,
+                enc,
+                domain,
+                tasks[r * b : (r + 1) * b],
+                None,
+                cfg,
+                torch.Generator().manual_seed(r),
+                batch_size=b,
+            )
             n += len(rs)
             toks += sum(x.generated_tokens for x in rs)
         dt = time.perf_counter() - t0
-        row = {"domain": a.domain, "batch": b, "threads": a.threads, "parameters": count_parameters(model), "rollouts_per_s": round(n / dt, 1), "generated_tokens_per_s": round(toks / dt, 1), "tokens_per_rollout": round(toks / n, 1)}
+        row = {
+            "domain": a.domain,
+            "batch": b,
+            "threads": a.threads,
+            "parameters": count_parameters(model),
+            "rollouts_per_s": round(n / dt, 1),
+            "generated_tokens_per_s": round(toks / dt, 1),
+            "tokens_per_rollout": round(toks / n, 1),
+        }
         if a.compare_reprefill:
             t0 = time.perf_counter()
             n2 = 0
             for r in range(a.repeats):
-                n2 += reprefill_episodes(model, enc, domain, tasks[r * b : (r + 1) * b], cfg, torch.Generator().manual_seed(r))[0]
+                n2 += reprefill_episodes(
+                    model, enc, domain, tasks[r * b : (r + 1) * b], cfg, torch.Generator().manual_seed(r)
+                )[0]
             row["reprefill_rollouts_per_s"] = round(n2 / (time.perf_counter() - t0), 1)
             row["speedup_vs_reprefill"] = round(row["rollouts_per_s"] / row["reprefill_rollouts_per_s"], 2)
         print(json.dumps(row))

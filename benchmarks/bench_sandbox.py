@@ -29,7 +29,13 @@ def main(n: int = 1000, batch: int = 64, workers: int = 2) -> dict:
             results += sandbox.run_tests(jobs[lo : lo + batch])
         seconds = time.perf_counter() - start
     assert all(r.ok for r in results), [r.reason for r in results if not r.ok][:3]
-    return {"bench": "sandbox", "programs": n, "workers": workers, "seconds": round(seconds, 3), "programs_per_s": round(n / seconds, 1)}
+    return {
+        "bench": "sandbox",
+        "programs": n,
+        "workers": workers,
+        "seconds": round(seconds, 3),
+        "programs_per_s": round(n / seconds, 1),
+    }
 
 
 if __name__ == "__main__":

@@ -104,6 +104,7 @@ class _Timer:
                 return fn(*args, **kwargs)
             finally:
                 self.s += time.perf_counter() - t0
+
         return timed
 
 
@@ -136,17 +137,36 @@ def run_suite(job: dict, warmstart: Path, seed: int) -> dict:
     trains = [r for r in recs if r["kind"] == "train"]
     evals_before = sum(r["eval_s"] for r in recs if r["kind"] == "eval" and r["rollouts"] == 0)
     return {
-        "rollouts": trains[-1]["rollouts"], "wall_s": trains[-1]["wall_s"] - evals_before,
-        "rollout_s": sum(r["rollout_s"] for r in trains), "update_s": sum(r["update_s"] for r in trains), "steps": len(trains),
-        "optimizer_steps": sum(r.get("updates", 0) for r in trains), "trained_rollouts": sum(r.get("trained_rollouts", 0) for r in trains),
-        "generated_tokens": trains[-1]["generated_tokens"], "mean_train_reward": sum(r["train_reward"] for r in trains) / len(trains),
+        "rollouts": trains[-1]["rollouts"],
+        "wall_s": trains[-1]["wall_s"] - evals_before,
+        "rollout_s": sum(r["rollout_s"] for r in trains),
+        "update_s": sum(r["update_s"] for r in trains),
+        "steps": len(trains),
+        "optimizer_steps": sum(r.get("updates", 0) for r in trains),
+        "trained_rollouts": sum(r.get("trained_rollouts", 0) for r in trains),
+        "generated_tokens": trains[-1]["generated_tokens"],
+        "mean_train_reward": sum(r["train_reward"] for r in trains) / len(trains),
         "settings": {
-            "group_size": mcfg.group_size, "rollouts_per_step": cfg.rollouts_per_step, "ppo_epochs": cfg.ppo_epochs,
-            "minibatch_rollouts": cfg.minibatch_rollouts, "lr": cfg.lr, "lr_schedule": "constant", "weight_decay": cfg.weight_decay,
-            "grad_clip": cfg.grad_clip, "temperature": cfg.temperature, "max_new_tokens": cfg.max_new_tokens,
-            "max_seq_len": cfg.max_seq_len, "clip_low": mcfg.clip_low, "clip_high": mcfg.clip_high, "dual_clip_c": 3.0,
-            "kl_coef": 0.0, "loss_agg": mcfg.loss_agg, "norm_by_std": mcfg.norm_by_std,
-            "drop_zero_variance": mcfg.drop_zero_variance, "recompute_old_logp": cfg.recompute_old_logp, "optimizer": "torch AdamW",
+            "group_size": mcfg.group_size,
+            "rollouts_per_step": cfg.rollouts_per_step,
+            "ppo_epochs": cfg.ppo_epochs,
+            "minibatch_rollouts": cfg.minibatch_rollouts,
+            "lr": cfg.lr,
+            "lr_schedule": "constant",
+            "weight_decay": cfg.weight_decay,
+            "grad_clip": cfg.grad_clip,
+            "temperature": cfg.temperature,
+            "max_new_tokens": cfg.max_new_tokens,
+            "max_seq_len": cfg.max_seq_len,
+            "clip_low": mcfg.clip_low,
+            "clip_high": mcfg.clip_high,
+            "dual_clip_c": 3.0,
+            "kl_coef": 0.0,
+            "loss_agg": mcfg.loss_agg,
+            "norm_by_std": mcfg.norm_by_std,
+            "drop_zero_variance": mcfg.drop_zero_variance,
+            "recompute_old_logp": cfg.recompute_old_logp,
+            "optimizer": "torch AdamW",
         },
     }
 
@@ -199,22 +219,52 @@ def run_trl(job: dict, warmstart: Path, seed: int) -> dict:
     if n_rollouts % cfg.rollouts_per_step:
         raise SystemExit(f"--rollouts must be a multiple of {cfg.rollouts_per_step} for TRL's fixed generation batch")
     settings = dict(
-        use_cpu=True, bf16=False, fp16=False, report_to="none", save_strategy="no", logging_strategy="steps",
-        logging_steps=max_steps, disable_tqdm=True, log_completions=False, gradient_checkpointing=False,
-        seed=seed, data_seed=seed, shuffle_dataset=False, dataloader_num_workers=0, remove_unused_columns=False,
-        learning_rate=cfg.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=cfg.weight_decay,
-        max_grad_norm=cfg.grad_clip, optim="adamw_torch",
-        per_device_train_batch_size=per_device, gradient_accumulation_steps=1, generation_batch_size=cfg.rollouts_per_step,
-        num_generations=G, num_iterations=cfg.ppo_epochs, max_steps=max_steps,
-        max_completion_length=cfg.max_new_tokens, temperature=cfg.temperature, top_p=1.0, top_k=0,
-        beta=0.0, epsilon=mcfg.clip_low, epsilon_high=mcfg.clip_high, loss_type="bnpo",
-        scale_rewards="group" if mcfg.norm_by_std else "none", mask_truncated_completions=False, use_vllm=False,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        report_to="none",
+        save_strategy="no",
+        logging_strategy="steps",
+        logging_steps=max_steps,
+        disable_tqdm=True,
+        log_completions=False,
+        gradient_checkpointing=False,
+        seed=seed,
+        data_seed=seed,
+        shuffle_dataset=False,
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+        learning_rate=cfg.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=cfg.weight_decay,
+        max_grad_norm=cfg.grad_clip,
+        optim="adamw_torch",
+        per_device_train_batch_size=per_device,
+        gradient_accumulation_steps=1,
+        generation_batch_size=cfg.rollouts_per_step,
+        num_generations=G,
+        num_iterations=cfg.ppo_epochs,
+        max_steps=max_steps,
+        max_completion_length=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,
+        epsilon=mcfg.clip_low,
+        epsilon_high=mcfg.clip_high,
+        loss_type="bnpo",
+        scale_rewards="group" if mcfg.norm_by_std else "none",
+        mask_truncated_completions=False,
+        use_vllm=False,
     )
     _warm_sandbox(domain, domain.tasks("train")[0])
     torch.manual_seed(seed)
     with tempfile.TemporaryDirectory() as out:
         args = GRPOConfig(output_dir=out, **settings)
-        trainer = GRPOTrainer(model=model, reward_funcs=code_reward, args=args, train_dataset=dataset, processing_class=tokenizer)
+        trainer = GRPOTrainer(
+            model=model, reward_funcs=code_reward, args=args, train_dataset=dataset, processing_class=tokenizer
+        )
         # where the time goes: transformers generate, and the whole rollout phase (generate, sandbox reward,
         # old log-prob forward, advantages); the rest of train() is the update phase
         trainer.model.generate = generate.wrap(trainer.model.generate)
@@ -228,11 +278,18 @@ def run_trl(job: dict, warmstart: Path, seed: int) -> dict:
     if counts["completions"] != n_rollouts:
         raise SystemExit(f"TRL generated {counts['completions']} rollouts, expected {n_rollouts}")
     return {
-        "rollouts": counts["completions"], "wall_s": wall, "generate_and_score_s": gen_score.s, "generate_s": generate.s,
+        "rollouts": counts["completions"],
+        "wall_s": wall,
+        "generate_and_score_s": gen_score.s,
+        "generate_s": generate.s,
         "sandbox_s": sandbox.s,
-        "update_s": wall - gen_score.s - ((gen_score.first or t0) - t0), "setup_in_train_s": (gen_score.first or t0) - t0, "reward_calls": counts["calls"], "optimizer_steps": global_step,
+        "update_s": wall - gen_score.s - ((gen_score.first or t0) - t0),
+        "setup_in_train_s": (gen_score.first or t0) - t0,
+        "reward_calls": counts["calls"],
+        "optimizer_steps": global_step,
         "generated_tokens": counts["tokens"],
-        "mean_train_reward": counts["reward_sum"] / max(counts["completions"], 1), "train_loss": result.training_loss,
+        "mean_train_reward": counts["reward_sum"] / max(counts["completions"], 1),
+        "train_loss": result.training_loss,
         "settings": {k: v for k, v in settings.items() if k not in ("report_to", "disable_tqdm", "logging_strategy")},
     }
 
@@ -244,9 +301,14 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (both sides)")
     p.add_argument("--only", choices=["suite", "trl", "both"], default="both")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--set", nargs="*", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a resolved setting for both sides (sections: train, method_config), "
-                        "e.g. method_config.drop_zero_variance=false")
+    p.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a resolved setting for both sides (sections: train, method_config), "
+        "e.g. method_config.drop_zero_variance=false",
+    )
     a = p.parse_args(argv)
     torch.set_num_threads(max(1, a.threads))
     warmstart = Path(a.warmstart)
@@ -257,7 +319,13 @@ def main(argv=None) -> None:
     import transformers
     import trl
 
-    out: dict = {"domain": "code", "profile": "small", "warmstart": str(warmstart), "threads": torch.get_num_threads(), "target": TARGET}
+    out: dict = {
+        "domain": "code",
+        "profile": "small",
+        "warmstart": str(warmstart),
+        "threads": torch.get_num_threads(),
+        "target": TARGET,
+    }
     suite = run_suite(job, warmstart, a.seed) if a.only in ("suite", "both") else None
     trl_res = run_trl(job, warmstart, a.seed) if a.only in ("trl", "both") else None
     if suite:
@@ -272,13 +340,21 @@ def main(argv=None) -> None:
             out[f"{name}_rollouts"] = res["rollouts"]
             out[f"{name}_wall_s"] = round(res["wall_s"], 2)
     if suite:
-        out["suite"] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in suite.items() if k not in ("rollouts", "wall_s")}
+        out["suite"] = {
+            k: (round(v, 4) if isinstance(v, float) else v) for k, v in suite.items() if k not in ("rollouts", "wall_s")
+        }
     if trl_res:
-        out["trl"] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in trl_res.items() if k not in ("rollouts", "wall_s")}
+        out["trl"] = {
+            k: (round(v, 4) if isinstance(v, float) else v)
+            for k, v in trl_res.items()
+            if k not in ("rollouts", "wall_s")
+        }
     out["overrides"] = a.set
     out["unmatched"] = _unmatched(job)
-    out["timed"] = ("suite: its training loop to the last step, less the rollout-0 evaluation; trl: trainer.train(). Excluded: model load, "
-                    "task generation, trainer construction; no held-out evaluation or checkpoint inside either")
+    out["timed"] = (
+        "suite: its training loop to the last step, less the rollout-0 evaluation; trl: trainer.train(). Excluded: model load, "
+        "task generation, trainer construction; no held-out evaluation or checkpoint inside either"
+    )
     out["versions"] = {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__}
     out["threads_after"] = torch.get_num_threads()
     print(json.dumps(out))

@@ -53,9 +53,17 @@ def main(argv=None) -> None:
     config["profile"] = a.profile
     job = resolve_job(config, a.domain, "grpo")
     cfg = make_config(TrainConfig, job["train"], "train")
-    cfg = replace(cfg, rollout_budget=a.budget, rollouts_per_step=a.rollouts_per_step, minibatch_rollouts=a.rollouts_per_step // 2,
-                  temperature=a.temperature, lr=a.lr if a.lr is not None else cfg.lr, eval_every=a.rollouts_per_step * 5,
-                  eval_episodes=a.tasks, checkpoint_every=10**6)
+    cfg = replace(
+        cfg,
+        rollout_budget=a.budget,
+        rollouts_per_step=a.rollouts_per_step,
+        minibatch_rollouts=a.rollouts_per_step // 2,
+        temperature=a.temperature,
+        lr=a.lr if a.lr is not None else cfg.lr,
+        eval_every=a.rollouts_per_step * 5,
+        eval_episodes=a.tasks,
+        checkpoint_every=10**6,
+    )
     domain = get_domain(a.domain, seed=job["task_seed"], **job["domain_options"])
     fixed = domain.tasks("train", a.tasks)
     domain.tasks = lambda split, n=None: fixed  # train on, and evaluate on, the fixed set
@@ -63,11 +71,36 @@ def main(argv=None) -> None:
     cls = get_method("grpo")
     mcfg = make_config(cls.Config, {**job["method_config"], "group_size": a.group_size}, "methods.grpo")
     with tempfile.TemporaryDirectory() as tmp:
-        run = RunContext(model=model, tokenizer=tok, encoder=ChatEncoder(tok), domain=domain, train_cfg=cfg, ledger=Ledger(cfg.rollout_budget),
-                         seed=0, device=torch.device("cpu"), warmstart_path=Path(a.warmstart), out_dir=Path(tmp))
+        run = RunContext(
+            model=model,
+            tokenizer=tok,
+            encoder=ChatEncoder(tok),
+            domain=domain,
+            train_cfg=cfg,
+            ledger=Ledger(cfg.rollout_budget),
+            seed=0,
+            device=torch.device("cpu"),
+            warmstart_path=Path(a.warmstart),
+            out_dir=Path(tmp),
+        )
         train(cls(mcfg, run), run, Path(tmp), label=f"grpo fixed {a.tasks} tasks", fingerprint="fixed-tasks")
-        curve = [(r["rollouts"], round(r["heldout_reward"], 3)) for r in map(json.loads, (Path(tmp) / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "eval"]
-    print(json.dumps({"domain": a.domain, "tasks": a.tasks, "group_size": a.group_size, "temperature": a.temperature, "lr": cfg.lr, "reward_on_trained_tasks": curve}))
+        curve = [
+            (r["rollouts"], round(r["heldout_reward"], 3))
+            for r in map(json.loads, (Path(tmp) / "metrics.jsonl").read_text().splitlines())
+            if r["kind"] == "eval"
+        ]
+    print(
+        json.dumps(
+            {
+                "domain": a.domain,
+                "tasks": a.tasks,
+                "group_size": a.group_size,
+                "temperature": a.temperature,
+                "lr": cfg.lr,
+                "reward_on_trained_tasks": curve,
+            }
+        )
+    )
     domain.close()
 
 

@@ -19,7 +19,6 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-
 # LOPD's timed parts, all inside the loop's update timer (methods/lopd/method.py)
 LOPD_PARTS = ("lopd_retrieval_s", "composer_s", "teacher_s", "composer_step_s", "bank_add_s")
 
@@ -39,28 +38,48 @@ def main(argv=None) -> None:
         led = s["ledger"]
         trained = sum(r.get("trained_rollouts", 0) for r in steps) / len(steps)
         parts = {k: sum(r.get(k, 0.0) for r in steps) / len(steps) for k in ("rollout_s", "update_s", *LOPD_PARTS)}
-        rows[(s["domain"], s["method"])].append({"step_s": wall, "teacher_tokens": led["teacher_tokens"] / len(steps), "generated_tokens": led["generated_tokens"] / len(steps), "trained_rollouts": trained, **parts})
+        rows[(s["domain"], s["method"])].append(
+            {
+                "step_s": wall,
+                "teacher_tokens": led["teacher_tokens"] / len(steps),
+                "generated_tokens": led["generated_tokens"] / len(steps),
+                "trained_rollouts": trained,
+                **parts,
+            }
+        )
     if not rows:
         p.error(f"no finished runs under {a.runs}")
     table = []
     for (domain, method), rs in sorted(rows.items()):
         mean = {k: sum(r[k] for r in rs) / len(rs) for k in rs[0]}
-        table.append({"domain": domain, "method": method, "seeds": len(rs), **{k: round(v, 3) for k, v in mean.items()}})
+        table.append(
+            {"domain": domain, "method": method, "seeds": len(rs), **{k: round(v, 3) for k, v in mean.items()}}
+        )
     for row in table:
         base = next((r for r in table if r["domain"] == row["domain"] and r["method"] == "grpo"), None)
         row["step_time_vs_grpo"] = round(row["step_s"] / base["step_s"], 2) if base else None
-    print("| domain | method | seeds | s / step | x GRPO | teacher tokens / step | generated tokens / step | rollouts trained on / step |")
+    print(
+        "| domain | method | seeds | s / step | x GRPO | teacher tokens / step | generated tokens / step | rollouts trained on / step |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in table:
-        print(f"| {r['domain']} | {r['method']} | {r['seeds']} | {r['step_s']:.2f} | {r['step_time_vs_grpo']} | {r['teacher_tokens']:.0f} | {r['generated_tokens']:.0f} | {r['trained_rollouts']:.1f} |")
+        print(
+            f"| {r['domain']} | {r['method']} | {r['seeds']} | {r['step_s']:.2f} | {r['step_time_vs_grpo']} | {r['teacher_tokens']:.0f} | {r['generated_tokens']:.0f} | {r['trained_rollouts']:.1f} |"
+        )
     lopd = [r for r in table if r.get("composer_s")]
     if lopd:
-        print("\nWhere an LOPD step's time goes (s / step; 'student' = the student's update: the rest of the update timer)")
-        print("| domain | method | rollouts | retrieval | composer (latents) | teacher | composer step | bank growth | student |")
+        print(
+            "\nWhere an LOPD step's time goes (s / step; 'student' = the student's update: the rest of the update timer)"
+        )
+        print(
+            "| domain | method | rollouts | retrieval | composer (latents) | teacher | composer step | bank growth | student |"
+        )
         print("|---|---|---|---|---|---|---|---|---|")
         for r in lopd:
             student = r["update_s"] - sum(r[k] for k in LOPD_PARTS)
-            print(f"| {r['domain']} | {r['method']} | {r['rollout_s']:.2f} | {r['lopd_retrieval_s']:.2f} | {r['composer_s']:.2f} | {r['teacher_s']:.2f} | {r['composer_step_s']:.2f} | {r['bank_add_s']:.2f} | {student:.2f} |")
+            print(
+                f"| {r['domain']} | {r['method']} | {r['rollout_s']:.2f} | {r['lopd_retrieval_s']:.2f} | {r['composer_s']:.2f} | {r['teacher_s']:.2f} | {r['composer_step_s']:.2f} | {r['bank_add_s']:.2f} | {student:.2f} |"
+            )
     for r in table:
         print(json.dumps(r))
 

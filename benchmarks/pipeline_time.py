@@ -80,7 +80,9 @@ def job_graph(config: dict, out: Path, with_ablations: bool) -> tuple[dict, dict
                     cs = ("coldstart", d, key, s)
                     if cs not in dur:
                         rep = _json(out / f"coldstart/{d}/{key}/seed{s}/coldstart.json") or {}
-                        add(cs, 0.0 if rep.get("steps") == 0 else rep.get("train_s"), [("bank", d)])  # empty bank: no training
+                        add(
+                            cs, 0.0 if rep.get("steps") == 0 else rep.get("train_s"), [("bank", d)]
+                        )  # empty bank: no training
                     needs.append(cs)
                 add(("train", d, m, s), _run_wall(out / f"runs/{d}/{m}/seed{s}/metrics.jsonl"), needs)
     return dur, deps, missing
@@ -112,7 +114,11 @@ def makespan(dur: dict, deps: dict, cores: int) -> float:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python benchmarks/pipeline_time.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python benchmarks/pipeline_time.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--profile", default="small")
     p.add_argument("--cores", type=int, default=2)
     p.add_argument("--top", type=int, default=10, help="how many of the slowest jobs to list")
@@ -120,7 +126,12 @@ def main(argv=None) -> None:
     config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     config["profile"] = a.profile
     out = ROOT / "results" / a.profile
-    result = {"profile": a.profile, "cores": a.cores, "target_s": 1800, "source": "recorded job wall times, list-scheduled (an estimate)"}
+    result = {
+        "profile": a.profile,
+        "cores": a.cores,
+        "target_s": 1800,
+        "source": "recorded job wall times, list-scheduled (an estimate)",
+    }
     for name, abl in (("table1", False), ("report", True)):
         dur, deps, missing = job_graph(config, out, abl)
         span = makespan(dur, deps, a.cores)
@@ -128,12 +139,19 @@ def main(argv=None) -> None:
         for j, s in dur.items():
             per_rule[j[0]] = per_rule.get(j[0], 0.0) + s
         result[name] = {
-            "jobs": len(dur), "cpu_s": round(sum(dur.values()), 1), "makespan_s": round(span, 1), "makespan_min": round(span / 60, 1),
-            "meets_target": span <= 1800, "cpu_s_by_rule": {k: round(v, 1) for k, v in sorted(per_rule.items(), key=lambda kv: -kv[1])},
+            "jobs": len(dur),
+            "cpu_s": round(sum(dur.values()), 1),
+            "makespan_s": round(span, 1),
+            "makespan_min": round(span / 60, 1),
+            "meets_target": span <= 1800,
+            "cpu_s_by_rule": {k: round(v, 1) for k, v in sorted(per_rule.items(), key=lambda kv: -kv[1])},
             "missing_jobs": ["/".join(map(str, j)) for j in missing],
         }
         if abl:
-            result["slowest_jobs"] = [{"job": "/".join(map(str, j)), "s": round(s, 1)} for j, s in sorted(dur.items(), key=lambda kv: -kv[1])[: a.top]]
+            result["slowest_jobs"] = [
+                {"job": "/".join(map(str, j)), "s": round(s, 1)}
+                for j, s in sorted(dur.items(), key=lambda kv: -kv[1])[: a.top]
+            ]
     print(json.dumps(result, indent=1))
 
 

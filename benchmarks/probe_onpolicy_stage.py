@@ -51,21 +51,46 @@ def main(argv=None) -> None:
     torch.set_num_threads(a.threads)
     stage1 = json.loads((Path(a.warmstart) / "eval.json").read_text())
     if "onpolicy_samples" in stage1:
-        raise SystemExit(f"error: {a.warmstart} already had the on-policy stage; pass its stage-1 warm start (warmstart_stage1/)")
-    job = stage1.get("job") or resolve_job(yaml.safe_load((ROOT / "config" / "config.yaml").read_text()), a.domain)  # the warm start's own settings
+        raise SystemExit(
+            f"error: {a.warmstart} already had the on-policy stage; pass its stage-1 warm start (warmstart_stage1/)"
+        )
+    job = stage1.get("job") or resolve_job(
+        yaml.safe_load((ROOT / "config" / "config.yaml").read_text()), a.domain
+    )  # the warm start's own settings
     cfg = make_config(WarmStartConfig, job["warmstart"], "warmstart")
-    cfg = dataclasses.replace(cfg, onpolicy_steps=a.steps, **{k: v for k, v in (("onpolicy_tasks", a.tasks), ("onpolicy_lr", a.lr)) if v is not None})
+    cfg = dataclasses.replace(
+        cfg,
+        onpolicy_steps=a.steps,
+        **{k: v for k, v in (("onpolicy_tasks", a.tasks), ("onpolicy_lr", a.lr)) if v is not None},
+    )
     train_cfg = make_config(TrainConfig, job["train"], "train")
     domain = get_domain(a.domain, seed=job["task_seed"], **job["domain_options"])
     model, tok = load_policy(Path(a.warmstart) / "model")
-    report = continue_warm_start(model, ChatEncoder(tok), domain, cfg, train_cfg.sampling(eval=True), train_cfg.sampling(), train_cfg.eval_episodes, stage1["seed"], stage1)
+    report = continue_warm_start(
+        model,
+        ChatEncoder(tok),
+        domain,
+        cfg,
+        train_cfg.sampling(eval=True),
+        train_cfg.sampling(),
+        train_cfg.eval_episodes,
+        stage1["seed"],
+        stage1,
+    )
     domain.close()
     report.update({"from": a.warmstart, "onpolicy": dataclasses.asdict(cfg), **provenance()})
     out = Path(a.out)
     save_policy(model, tok, out / "model")
     write_json_atomic(out / "eval.json", report)
-    shown = ["seed", *sorted(k for k in report if k.startswith("onpolicy_") or "heldout_reward" in k or "context_gain" in k)]
-    print(json.dumps({k: (round(report[k], 4) if isinstance(report[k], float) else report[k]) for k in shown if k in report}))
+    shown = [
+        "seed",
+        *sorted(k for k in report if k.startswith("onpolicy_") or "heldout_reward" in k or "context_gain" in k),
+    ]
+    print(
+        json.dumps(
+            {k: (round(report[k], 4) if isinstance(report[k], float) else report[k]) for k in shown if k in report}
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -69,7 +69,9 @@ def main(argv=None) -> None:
     p.add_argument("--train-episodes", type=int, default=256, help="training tasks for the temperature sweep")
     p.add_argument("--temperatures", type=float, nargs="*", default=[1.0, 0.7, 0.5])
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: 32 (tool use) / 96 (code)")
-    p.add_argument("--system-prompt", action="store_true", help="the domain option system_prompt (the small profile has it off)")
+    p.add_argument(
+        "--system-prompt", action="store_true", help="the domain option system_prompt (the small profile has it off)"
+    )
     p.add_argument("--task-seed", type=int, default=0, help="the config's task_seed")
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args(argv)
@@ -101,7 +103,12 @@ def probe(domain, a) -> dict:
     for e in expert_episodes(domain, domain.tasks("train", 2000)):
         train_by_group[e.task.group_id].append(e)
     # the same-group condition is scored on seen groups only (a new group has no training task)
-    same_ctx = [format_trace((ex := rng.choice(train_by_group[t.group_id])).task, ex.turns) if train_by_group.get(t.group_id) else None for t in test]
+    same_ctx = [
+        format_trace((ex := rng.choice(train_by_group[t.group_id])).task, ex.turns)
+        if train_by_group.get(t.group_id)
+        else None
+        for t in test
+    ]
     own = {e.task.task_id: e for e in expert_episodes(domain, test)}
     own_ctx = [format_trace(t, own[t.task_id].turns, with_task=False) for t in test]
     out: dict = {"domain": a.domain, "model": a.model, "heldout_tasks": len(test)}
@@ -126,7 +133,9 @@ def probe(domain, a) -> dict:
                 out["example_errors"] = sorted({e for r in rolls for e in getattr(r.episode, "errors", [])[:1]})[:12]
     train = domain.tasks("train", a.train_episodes)
     for temp in a.temperatures:
-        rolls = run_episodes(model, enc, domain, train, None, SamplingConfig(temperature=temp, max_new_tokens=mnt), generator=gen)
+        rolls = run_episodes(
+            model, enc, domain, train, None, SamplingConfig(temperature=temp, max_new_tokens=mnt), generator=gen
+        )
         out[f"train_reward_T{temp}"] = round(sum(r.reward for r in rolls) / len(rolls), 4)
     rolls = run_episodes(model, enc, domain, train, None, greedy, generator=gen)
     out["train_reward_greedy"] = round(sum(r.reward for r in rolls) / len(rolls), 4)

@@ -43,7 +43,11 @@ def main(argv=None) -> None:
     p.add_argument("--queries", type=int, default=400)
     p.add_argument("--n", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--bank", default=None, help="a seeded bank.pt (the pipeline's) instead of an expert-filled one; needs one domain")
+    p.add_argument(
+        "--bank",
+        default=None,
+        help="a seeded bank.pt (the pipeline's) instead of an expert-filled one; needs one domain",
+    )
     a = p.parse_args(argv)
     if a.bank and len(a.domains) != 1:
         p.error("--bank reads one domain's bank: pass one --domains name")
@@ -56,14 +60,19 @@ def main(argv=None) -> None:
             bank.load(a.bank)
             _coverage(domain, bank)
         else:
-            bank.add([(e.task, e.turns, e.reward()) for e in expert_episodes(domain, domain.tasks("train", a.bank_tasks))], step=-1)
+            bank.add(
+                [(e.task, e.turns, e.reward()) for e in expert_episodes(domain, domain.tasks("train", a.bank_tasks))],
+                step=-1,
+            )
         test = domain.tasks("test", a.queries)
         hits = bank.retrieve(test, a.n)
         groups = {e.group_id for e in bank.items}
         seen = [(t, h) for t, h in zip(test, hits) if t.group_id in groups]
-        print(f"{name} ({domain.version}): bank {len(bank)} items in {len(groups)} groups; top-{a.n} from the task's own group: "
-              f"{same_group_share(test, hits):.3f} of all, {same_group_share(*zip(*seen)) if seen else float('nan'):.3f} where the group is in the bank "
-              f"({len(seen)}/{len(test)} tasks)")
+        print(
+            f"{name} ({domain.version}): bank {len(bank)} items in {len(groups)} groups; top-{a.n} from the task's own group: "
+            f"{same_group_share(test, hits):.3f} of all, {same_group_share(*zip(*seen)) if seen else float('nan'):.3f} where the group is in the bank "
+            f"({len(seen)}/{len(test)} tasks)"
+        )
         domain.close()
 
 
@@ -79,13 +88,17 @@ def _coverage(domain, bank) -> None:
     train = domain.tasks("train")
     groups = {t.group_id for t in train}
     counts = sorted(per_group.values())
-    print(f"{domain.name}: {len(bank)} items cover {len(per_group)}/{len(groups)} training groups; items per covered group "
-          f"min {counts[0] if counts else 0}, median {counts[len(counts) // 2] if counts else 0}, max {counts[-1] if counts else 0}")
+    print(
+        f"{domain.name}: {len(bank)} items cover {len(per_group)}/{len(groups)} training groups; items per covered group "
+        f"min {counts[0] if counts else 0}, median {counts[len(counts) // 2] if counts else 0}, max {counts[-1] if counts else 0}"
+    )
     if domain.name == "tooluse":
         by_id = {t.task_id: t for t in train}
         items = [by_id[e.task_id] for e in bank.items if e.task_id in by_id]
         share = sum(map(_needs_rule_step, items)) / max(len(items), 1)
-        print(f"tooluse: items whose solution needs a rule step {share:.3f}; training tasks {sum(map(_needs_rule_step, train)) / len(train):.3f}")
+        print(
+            f"tooluse: items whose solution needs a rule step {share:.3f}; training tasks {sum(map(_needs_rule_step, train)) / len(train):.3f}"
+        )
 
 
 if __name__ == "__main__":

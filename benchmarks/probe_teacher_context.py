@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 def main(argv=None) -> None:
     from methods.core.config import resolve_job
+    from methods.core.contexts import SKILL_MAX_CHARS, rollout_skill, sdpo_context, sdpo_reprompt
     from methods.core.distill import context_gain, expert_trace
     from methods.core.ledger import Ledger
     from methods.core.loop import RunContext, TrainConfig
@@ -52,17 +53,23 @@ def main(argv=None) -> None:
     from methods.core.rollout import run_episodes
     from methods.core.teacher import Teacher
     from methods.core.tokenizer import ChatEncoder
-    from methods.core.contexts import SKILL_MAX_CHARS, rollout_skill, sdpo_context, sdpo_reprompt
     from tasks.base import get_domain
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--domain", required=True)
     p.add_argument("--warmstart", required=True)
-    p.add_argument("--tasks", type=int, default=60, help="training tasks sampled once each (failed ones --group times in all, for the sibling)")
+    p.add_argument(
+        "--tasks",
+        type=int,
+        default=60,
+        help="training tasks sampled once each (failed ones --group times in all, for the sibling)",
+    )
     p.add_argument("--max-failures", type=int, default=30)
     p.add_argument("--group", type=int, default=4, help="samples per task (SDPO's G) for the sibling contexts")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--context-check", type=int, metavar="SEED", help="also run the warm start's context check with this seed")
+    p.add_argument(
+        "--context-check", type=int, metavar="SEED", help="also run the warm start's context check with this seed"
+    )
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
@@ -71,7 +78,16 @@ def main(argv=None) -> None:
     domain = get_domain(a.domain, seed=job["task_seed"], **job["domain_options"])
     model, tok = load_policy(Path(a.warmstart) / "model")
     enc = ChatEncoder(tok)
-    run = RunContext(model=model, tokenizer=tok, encoder=enc, domain=domain, train_cfg=train_cfg, ledger=Ledger(1), seed=0, device=torch.device("cpu"))
+    run = RunContext(
+        model=model,
+        tokenizer=tok,
+        encoder=enc,
+        domain=domain,
+        train_cfg=train_cfg,
+        ledger=Ledger(1),
+        seed=0,
+        device=torch.device("cpu"),
+    )
     tasks = domain.tasks("train", a.tasks)
     gen = torch.Generator().manual_seed(0)
     rollouts = run_episodes(model.eval(), enc, domain, tasks, None, train_cfg.sampling(), gen)
@@ -81,9 +97,13 @@ def main(argv=None) -> None:
     own = [expert_trace(domain, t) for t in ft]
     teacher = Teacher(run, "student")  # the warm start's weights
     out = {
-        "domain": a.domain, "warmstart": a.warmstart, "failed_episodes": len(ft),
+        "domain": a.domain,
+        "warmstart": a.warmstart,
+        "failed_episodes": len(ft),
         "own_solution": round(context_gain(teacher, ft, own), 4),
-        "solution_and_feedback": round(context_gain(teacher, ft, [sdpo_context(o, fb) for o, (_, fb) in zip(own, failed)]), 4),
+        "solution_and_feedback": round(
+            context_gain(teacher, ft, [sdpo_context(o, fb) for o, (_, fb) in zip(own, failed)]), 4
+        ),
         "feedback_only": round(context_gain(teacher, ft, [sdpo_context(None, fb) for _, fb in failed]), 4),
     }
     by_group: dict[str, list] = {}
@@ -97,14 +117,21 @@ def main(argv=None) -> None:
         out["skill"] = round(context_gain(teacher, [t for t, _ in sk], [c for _, c in sk]), 4)
     if a.group > 1:  # SDPO's reprompt with a real sibling: the failure and the task's other samples as one group
         g = a.group - 1
-        more = run_episodes(model.eval(), enc, domain, [t for t in ft for _ in range(g)], None, train_cfg.sampling(), gen)
+        more = run_episodes(
+            model.eval(), enc, domain, [t for t in ft for _ in range(g)], None, train_cfg.sampling(), gen
+        )
         groups = [[fr, *more[k * g : (k + 1) * g]] for k, fr in enumerate(failed_r)]
         groups = [rs for rs in groups if any(r.reward >= 1.0 for r in rs[1:])]
         st = [rs[0].task for rs in groups]
         out["sibling_tasks"] = len(st)
         if st:
-            out["sibling_only"] = round(context_gain(teacher, st, [sdpo_reprompt(rs, 0, range(len(rs)), use_feedback=False) for rs in groups]), 4)
-            out["sibling_and_feedback"] = round(context_gain(teacher, st, [sdpo_reprompt(rs, 0, range(len(rs))) for rs in groups]), 4)
+            out["sibling_only"] = round(
+                context_gain(teacher, st, [sdpo_reprompt(rs, 0, range(len(rs)), use_feedback=False) for rs in groups]),
+                4,
+            )
+            out["sibling_and_feedback"] = round(
+                context_gain(teacher, st, [sdpo_reprompt(rs, 0, range(len(rs))) for rs in groups]), 4
+            )
     if a.context_check is not None:
         from methods.core.warmstart import context_likelihood_check
 

@@ -83,14 +83,34 @@ def cmd_warmstart(args) -> None:
     if model_cfg.checkpoint:  # a real model: its own pretraining is the warm start
         model, tokenizer = load_policy(model_cfg.checkpoint, device=args.device)
         t0 = time.perf_counter()
-        report = evaluate(model, ChatEncoder(tokenizer), domain, domain.tasks("test", train_cfg.eval_episodes), train_cfg.sampling(eval=True), seed=args.seed)
+        report = evaluate(
+            model,
+            ChatEncoder(tokenizer),
+            domain,
+            domain.tasks("test", train_cfg.eval_episodes),
+            train_cfg.sampling(eval=True),
+            seed=args.seed,
+        )
         report["wall_s"] = round(time.perf_counter() - t0, 2)
     else:
-        model, tokenizer, report = warm_start(domain, model_cfg, ws_cfg, train_cfg.sampling(eval=True), train_cfg.eval_episodes, args.seed, device=args.device)
-    report.update({"domain": job["domain"], "domain_version": domain.version, "seed": args.seed, "job": job, **provenance()})
+        model, tokenizer, report = warm_start(
+            domain,
+            model_cfg,
+            ws_cfg,
+            train_cfg.sampling(eval=True),
+            train_cfg.eval_episodes,
+            args.seed,
+            device=args.device,
+        )
+    report.update(
+        {"domain": job["domain"], "domain_version": domain.version, "seed": args.seed, "job": job, **provenance()}
+    )
     _save_warm_start(out, model, tokenizer, report)
     domain.close()
-    print(f"[warmstart] {job['domain']} seed {args.seed}: stage 1 heldout_reward {report['heldout_reward']:.3f}; wrote {out / 'model'} and {out / 'eval.json'}", file=sys.stderr)
+    print(
+        f"[warmstart] {job['domain']} seed {args.seed}: stage 1 heldout_reward {report['heldout_reward']:.3f}; wrote {out / 'model'} and {out / 'eval.json'}",
+        file=sys.stderr,
+    )
 
 
 STAGE1_DEFINING = ("domain", "task_seed", "domain_options", "model", "warmstart")  # what stage 1's model depends on
@@ -118,17 +138,32 @@ def cmd_warmstart_stage2(args) -> None:
     differ = [k for k in STAGE1_DEFINING if recorded.get(k) != wanted.get(k)]
     if differ or stage1.get("seed") != args.seed:
         what = ", ".join(differ) if differ else f"seed {stage1.get('seed')} (wanted {args.seed})"
-        raise SystemExit(f"error: the stage-1 warm start {src} was built with other settings ({what}); rebuild it (snakemake rule warmstart_stage1)")
+        raise SystemExit(
+            f"error: the stage-1 warm start {src} was built with other settings ({what}); rebuild it (snakemake rule warmstart_stage1)"
+        )
     ws_cfg = make_config(WarmStartConfig, job["warmstart"], "warmstart")
     model, tokenizer = load_policy(src / "model", device=args.device)
     if not ws_cfg.onpolicy_steps:
         report = {**stage1, "stage1_dir": str(src)}
-        print(f"[warmstart] {job['domain']} seed {args.seed}: no on-policy stage (warmstart.onpolicy_steps 0): stage 1's warm start", file=sys.stderr)
+        print(
+            f"[warmstart] {job['domain']} seed {args.seed}: no on-policy stage (warmstart.onpolicy_steps 0): stage 1's warm start",
+            file=sys.stderr,
+        )
     else:
         train_cfg = make_config(TrainConfig, job["train"], "train")
         domain = get_domain(job["domain"], seed=job["task_seed"], **job["domain_options"])
         torch.manual_seed(args.seed)
-        report = continue_warm_start(model, ChatEncoder(tokenizer), domain, ws_cfg, train_cfg.sampling(eval=True), train_cfg.sampling(), train_cfg.eval_episodes, args.seed, stage1)
+        report = continue_warm_start(
+            model,
+            ChatEncoder(tokenizer),
+            domain,
+            ws_cfg,
+            train_cfg.sampling(eval=True),
+            train_cfg.sampling(),
+            train_cfg.eval_episodes,
+            args.seed,
+            stage1,
+        )
         domain.close()
         report.update({"job": job, "stage1_dir": str(src), "stage1_git": stage1.get("git"), **provenance()})
     _save_warm_start(out, model, tokenizer, report)
@@ -156,8 +191,11 @@ def cmd_install_base(args) -> None:
     try:
         manifest = install(Path(args.shipped), Path(args.out), job, args.seed, _domain_version(job))
     except ValueError as e:
-        raise SystemExit(f"error: {e}")
-    print(f"[warmstart] {job['domain']}: installed the shipped base policy {args.shipped} (heldout_reward {manifest['scores'].get('heldout_reward')}, every file checked against its manifest) into {args.out}", file=sys.stderr)
+        raise SystemExit(f"error: {e}") from None
+    print(
+        f"[warmstart] {job['domain']}: installed the shipped base policy {args.shipped} (heldout_reward {manifest['scores'].get('heldout_reward')}, every file checked against its manifest) into {args.out}",
+        file=sys.stderr,
+    )
 
 
 def cmd_ship_base(args) -> None:
@@ -169,9 +207,14 @@ def cmd_ship_base(args) -> None:
     src = Path(args.warmstart)
     recorded = json.loads((src / "eval.json").read_text())
     if defining(recorded.get("job") or {}) != defining(job) or recorded.get("seed") != args.seed:
-        raise SystemExit(f"error: {src} was not built with this job and seed {args.seed}; build it with the pipeline first")
+        raise SystemExit(
+            f"error: {src} was not built with this job and seed {args.seed}; build it with the pipeline first"
+        )
     manifest = ship(src, Path(args.out), job, args.seed, _domain_version(job), provenance())
-    print(f"[ship-base] wrote {args.out} ({len(manifest['files'])} files, heldout_reward {manifest['scores'].get('heldout_reward')})", file=sys.stderr)
+    print(
+        f"[ship-base] wrote {args.out} ({len(manifest['files'])} files, heldout_reward {manifest['scores'].get('heldout_reward')})",
+        file=sys.stderr,
+    )
 
 
 def cmd_check_base(args) -> None:
@@ -182,7 +225,10 @@ def cmd_check_base(args) -> None:
     report = {**compare(Path(args.warmstart), Path(args.shipped)), **provenance()}
     write_json_atomic(Path(args.out), report)
     verdict = "bit-identical" if report["bit_identical"] else f"DIFFERENT: {', '.join(report['model_files_differ'])}"
-    print(f"[check-base] {args.warmstart} vs {args.shipped}: model files {verdict}; scores rebuilt {report['scores_rebuilt']} shipped {report['scores_shipped']}", file=sys.stderr)
+    print(
+        f"[check-base] {args.warmstart} vs {args.shipped}: model files {verdict}; scores rebuilt {report['scores_rebuilt']} shipped {report['scores_shipped']}",
+        file=sys.stderr,
+    )
 
 
 def cmd_bank(args) -> None:
@@ -213,16 +259,40 @@ def cmd_bank(args) -> None:
     bank = ExperienceBank(bank_cfg, TextEncoder(device=args.device))
     rollouts, added = 0, 0
     for start in range(0, len(tasks), 256):
-        chunk = run_episodes(model.eval(), ChatEncoder(tokenizer), domain, tasks[start : start + 256], None, train_cfg.sampling(), generator=gen)
+        chunk = run_episodes(
+            model.eval(),
+            ChatEncoder(tokenizer),
+            domain,
+            tasks[start : start + 256],
+            None,
+            train_cfg.sampling(),
+            generator=gen,
+        )
         added += bank.add_rollouts(chunk, step=-1)
         rollouts += len(chunk)
-        print(f"[bank] {job['domain']} seed {args.seed}: {rollouts}/{len(tasks)} tasks tried, {len(bank)} in the bank", file=sys.stderr, flush=True)
+        print(
+            f"[bank] {job['domain']} seed {args.seed}: {rollouts}/{len(tasks)} tasks tried, {len(bank)} in the bank",
+            file=sys.stderr,
+            flush=True,
+        )
     bank.save(out / "bank.pt")
-    report = {"domain": job["domain"], "domain_version": domain.version, "seed": args.seed, "seed_rollouts": rollouts, **bank.stats(),
-              "success_rate": added / max(rollouts, 1), "wall_s": round(time.perf_counter() - t0, 2), "job": job, **provenance()}
+    report = {
+        "domain": job["domain"],
+        "domain_version": domain.version,
+        "seed": args.seed,
+        "seed_rollouts": rollouts,
+        **bank.stats(),
+        "success_rate": added / max(rollouts, 1),
+        "wall_s": round(time.perf_counter() - t0, 2),
+        "job": job,
+        **provenance(),
+    }
     write_json_atomic(out / "bank.json", report)
     domain.close()
-    print(f"[bank] {job['domain']} seed {args.seed}: {len(bank)} trajectories from {rollouts} warm-start rollouts; wrote {out / 'bank.pt'} and {out / 'bank.json'}", file=sys.stderr)
+    print(
+        f"[bank] {job['domain']} seed {args.seed}: {len(bank)} trajectories from {rollouts} warm-start rollouts; wrote {out / 'bank.pt'} and {out / 'bank.json'}",
+        file=sys.stderr,
+    )
 
 
 def cmd_testbed(args) -> None:
@@ -245,14 +315,37 @@ def cmd_testbed(args) -> None:
     model, tokenizer = load_policy(Path(args.warmstart) / "model", device=args.device)
     bank = None
     if args.bank:
-        bank = ExperienceBank(make_config(BankConfig, job.get("bank"), "bank"), TextEncoder(device=args.device)).load(args.bank).freeze()
+        bank = (
+            ExperienceBank(make_config(BankConfig, job.get("bank"), "bank"), TextEncoder(device=args.device))
+            .load(args.bank)
+            .freeze()
+        )
     tasks = domain.tasks("test", train_cfg.eval_episodes)
-    report = probe(model, ChatEncoder(tokenizer), domain, tasks, train_cfg.sampling(eval=True), bank, args.n_retrieve, args.seed)
-    report.update({"domain": job["domain"], "domain_version": domain.version, "seed": args.seed, "warmstart": str(args.warmstart), "bank": args.bank, "job": job, **provenance()})
+    report = probe(
+        model, ChatEncoder(tokenizer), domain, tasks, train_cfg.sampling(eval=True), bank, args.n_retrieve, args.seed
+    )
+    report.update(
+        {
+            "domain": job["domain"],
+            "domain_version": domain.version,
+            "seed": args.seed,
+            "warmstart": str(args.warmstart),
+            "bank": args.bank,
+            "job": job,
+            **provenance(),
+        }
+    )
     write_json_atomic(out, report)
     domain.close()
-    msg = f"reference +{report['reference_gain']:.3f}" + (f", retrieved +{report['retrieval_gain']:.3f} (same group {report['retrieval_same_group']:.2f})" if bank is not None else "")
-    print(f"[testbed] {job['domain']}: no context {report['reward_no_context']:.3f} (SE {report['reward_no_context_se']:.4f}), {msg}; wrote {out}", file=sys.stderr)
+    msg = f"reference +{report['reference_gain']:.3f}" + (
+        f", retrieved +{report['retrieval_gain']:.3f} (same group {report['retrieval_same_group']:.2f})"
+        if bank is not None
+        else ""
+    )
+    print(
+        f"[testbed] {job['domain']}: no context {report['reward_no_context']:.3f} (SE {report['reward_no_context_se']:.4f}), {msg}; wrote {out}",
+        file=sys.stderr,
+    )
 
 
 def cmd_coldstart(args) -> None:
@@ -281,17 +374,41 @@ def cmd_coldstart(args) -> None:
     bank = ExperienceBank(make_config(BankConfig, job["bank"], "bank"), TextEncoder(device=args.device)).load(args.bank)
     report = cold_start(cfg, composer, bank, domain, args.seed, device=args.device)
     tmp = out / "composer.pt.tmp"
-    torch.save({"phi": {k: v.detach().cpu() for k, v in composer.trainable_state().items()}, "config": asdict(cfg), "report": report}, tmp)
+    torch.save(
+        {
+            "phi": {k: v.detach().cpu() for k, v in composer.trainable_state().items()},
+            "config": asdict(cfg),
+            "report": report,
+        },
+        tmp,
+    )
     tmp.replace(out / "composer.pt")
-    report.update({"domain": job["domain"], "domain_version": domain.version, "seed": args.seed, "cold_start_key": cfg.cold_start_key(), "job": job, **provenance()})
+    report.update(
+        {
+            "domain": job["domain"],
+            "domain_version": domain.version,
+            "seed": args.seed,
+            "cold_start_key": cfg.cold_start_key(),
+            "job": job,
+            **provenance(),
+        }
+    )
     write_json_atomic(out / "coldstart.json", report)
     domain.close()
     b, a = report["before"], report["after"]
-    print(f"[coldstart] {job['domain']} seed {args.seed}: {report['train_examples']} training / {report['heldout_examples']} held-out successes; "
-          f"latent gain {b['latent_gain']:+.4f} -> {a['latent_gain']:+.4f} nats/token (text context {a['text_gain']:+.4f}); wrote {out / 'composer.pt'} and {out / 'coldstart.json'}", file=sys.stderr)
+    print(
+        f"[coldstart] {job['domain']} seed {args.seed}: {report['train_examples']} training / {report['heldout_examples']} held-out successes; "
+        f"latent gain {b['latent_gain']:+.4f} -> {a['latent_gain']:+.4f} nats/token (text context {a['text_gain']:+.4f}); wrote {out / 'composer.pt'} and {out / 'coldstart.json'}",
+        file=sys.stderr,
+    )
 
 
-EVAL_DEFINING = ("eval_episodes", "eval_temperature", "max_new_tokens", "max_seq_len")  # what a held-out evaluation depends on besides the model
+EVAL_DEFINING = (
+    "eval_episodes",
+    "eval_temperature",
+    "max_new_tokens",
+    "max_seq_len",
+)  # what a held-out evaluation depends on besides the model
 
 
 def _base_eval_of(warmstart: Path, job: dict, version: str) -> dict | None:
@@ -302,18 +419,20 @@ def _base_eval_of(warmstart: Path, job: dict, version: str) -> dict | None:
         return None
     base = json.loads(path.read_text())
     bjob = base.get("job") or {}
-    same = (base.get("domain_version") == version and all(bjob.get(k) == job.get(k) for k in ("domain", "task_seed", "domain_options"))
-            and all((bjob.get("train") or {}).get(k) == job["train"].get(k) for k in EVAL_DEFINING))
+    same = (
+        base.get("domain_version") == version
+        and all(bjob.get(k) == job.get(k) for k in ("domain", "task_seed", "domain_options"))
+        and all((bjob.get("train") or {}).get(k) == job["train"].get(k) for k in EVAL_DEFINING)
+    )
     return base if same else None
 
 
 def cmd_train(args) -> None:
-    from methods.core.registry import make_config
     from methods.core.ledger import Ledger
     from methods.core.loop import RunContext, TrainConfig, train
     from methods.core.policy import load_policy
     from methods.core.provenance import provenance, write_json_atomic
-    from methods.core.registry import get_method
+    from methods.core.registry import get_method, make_config
     from methods.core.tokenizer import ChatEncoder
     from tasks.base import get_domain
 
@@ -342,12 +461,16 @@ def cmd_train(args) -> None:
         run.extra["bank_config"] = job["bank"]
         if job["bank"]["seed_tasks"] > 0:
             if not args.bank or not Path(args.bank).exists():
-                raise SystemExit(f"method {job['method']}: bank.seed_tasks is {job['bank']['seed_tasks']}, so a seeded bank is required (--bank); got {args.bank!r}. Run `python -m methods.cli bank` first.")
+                raise SystemExit(
+                    f"method {job['method']}: bank.seed_tasks is {job['bank']['seed_tasks']}, so a seeded bank is required (--bank); got {args.bank!r}. Run `python -m methods.cli bank` first."
+                )
             run.extra["bank_path"] = args.bank
             run.ledger.pre_rollouts = json.loads(Path(args.bank).with_name("bank.json").read_text())["seed_rollouts"]
     if getattr(cls, "needs_cold_start", False):
         if not args.composer or not Path(args.composer).exists():
-            raise SystemExit(f"method {job['method']} starts from a cold-started composer (--composer composer.pt); got {args.composer!r}. Run `python -m methods.cli coldstart` first.")
+            raise SystemExit(
+                f"method {job['method']} starts from a cold-started composer (--composer composer.pt); got {args.composer!r}. Run `python -m methods.cli coldstart` first."
+            )
         run.extra["composer_path"] = args.composer
     base = _base_eval_of(Path(args.warmstart), job, domain.version)
     if base is not None:
@@ -369,11 +492,16 @@ def cmd_train(args) -> None:
     }
     write_json_atomic(out / "summary.json", summary)
     domain.close()
-    print(f"[{label}] done: heldout_reward {final['heldout_reward']:.3f} after {run.ledger.rollouts} rollouts; wrote {out / 'metrics.jsonl'} and {out / 'summary.json'}", file=sys.stderr)
+    print(
+        f"[{label}] done: heldout_reward {final['heldout_reward']:.3f} after {run.ledger.rollouts} rollouts; wrote {out / 'metrics.jsonl'} and {out / 'summary.json'}",
+        file=sys.stderr,
+    )
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m methods.cli", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m methods.cli", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--job", required=True, help="resolved job settings: a JSON string or @path.json")
@@ -383,33 +511,63 @@ def main(argv=None) -> None:
     common.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     ws = sub.add_parser("warmstart", parents=[common], help="warm start stage 1: expert SFT + its held-out score")
     ws.set_defaults(fn=cmd_warmstart)
-    w2 = sub.add_parser("warmstart-stage2", parents=[common], help="the warm start the methods use: stage 1's, plus the on-policy stage when warmstart.onpolicy_steps > 0")
-    w2.add_argument("--stage1", required=True, help="stage-1 warm start directory (model/, eval.json) built with the same job")
+    w2 = sub.add_parser(
+        "warmstart-stage2",
+        parents=[common],
+        help="the warm start the methods use: stage 1's, plus the on-policy stage when warmstart.onpolicy_steps > 0",
+    )
+    w2.add_argument(
+        "--stage1", required=True, help="stage-1 warm start directory (model/, eval.json) built with the same job"
+    )
     w2.set_defaults(fn=cmd_warmstart_stage2)
     tr = sub.add_parser("train", parents=[common], help="train one method on one domain and seed")
     tr.add_argument("--warmstart", required=True, help="warm start directory (holds model/)")
     tr.add_argument("--bank", default=None, help="seeded experience bank (bank.pt) for methods that read one")
     tr.add_argument("--composer", default=None, help="cold-started composer (composer.pt) for LOPD and its variants")
     tr.set_defaults(fn=cmd_train)
-    cs = sub.add_parser("coldstart", parents=[common], help="LOPD: cold-start the composer on the warm start's own successes")
+    cs = sub.add_parser(
+        "coldstart", parents=[common], help="LOPD: cold-start the composer on the warm start's own successes"
+    )
     cs.add_argument("--warmstart", required=True, help="warm start directory (holds model/)")
     cs.add_argument("--bank", required=True, help="seeded experience bank (bank.pt)")
     cs.set_defaults(fn=cmd_coldstart)
-    bk = sub.add_parser("bank", parents=[common], help="seed an experience bank with the warm start's successes on training tasks")
+    bk = sub.add_parser(
+        "bank", parents=[common], help="seed an experience bank with the warm start's successes on training tasks"
+    )
     bk.add_argument("--warmstart", required=True, help="warm start directory (holds model/)")
     bk.set_defaults(fn=cmd_bank)
-    tb = sub.add_parser("testbed", parents=[common], help="test-bed probe of a base policy: reward without context, with the reference solution, with retrieved experience (--out: a JSON file)")
+    tb = sub.add_parser(
+        "testbed",
+        parents=[common],
+        help="test-bed probe of a base policy: reward without context, with the reference solution, with retrieved experience (--out: a JSON file)",
+    )
     tb.add_argument("--warmstart", required=True, help="base policy directory (holds model/)")
-    tb.add_argument("--bank", default=None, help="seeded experience bank (bank.pt); without it the experience rows are left out")
-    tb.add_argument("--n-retrieve", type=int, default=3, help="retrieved items in the context (retrieval RL's n_retrieve)")
+    tb.add_argument(
+        "--bank", default=None, help="seeded experience bank (bank.pt); without it the experience rows are left out"
+    )
+    tb.add_argument(
+        "--n-retrieve", type=int, default=3, help="retrieved items in the context (retrieval RL's n_retrieve)"
+    )
     tb.set_defaults(fn=cmd_testbed)
-    ib = sub.add_parser("install-base", parents=[common], help="the warm start from a shipped base policy, after checking its settings and every file's SHA-256")
+    ib = sub.add_parser(
+        "install-base",
+        parents=[common],
+        help="the warm start from a shipped base policy, after checking its settings and every file's SHA-256",
+    )
     ib.add_argument("--shipped", required=True, help="shipped base policy directory (results/base/<profile>/<domain>)")
     ib.set_defaults(fn=cmd_install_base)
-    sb = sub.add_parser("ship-base", parents=[common], help="copy a built base policy (--warmstart) into the shipped bases (--out) with its manifest")
+    sb = sub.add_parser(
+        "ship-base",
+        parents=[common],
+        help="copy a built base policy (--warmstart) into the shipped bases (--out) with its manifest",
+    )
     sb.add_argument("--warmstart", required=True, help="a base policy built by the pipeline with this job")
     sb.set_defaults(fn=cmd_ship_base)
-    cb = sub.add_parser("check-base", parents=[common], help="compare a rebuilt base policy with the shipped one, file by file (--out: a JSON file)")
+    cb = sub.add_parser(
+        "check-base",
+        parents=[common],
+        help="compare a rebuilt base policy with the shipped one, file by file (--out: a JSON file)",
+    )
     cb.add_argument("--warmstart", required=True, help="the rebuilt base policy")
     cb.add_argument("--shipped", required=True, help="the shipped base policy")
     cb.set_defaults(fn=cmd_check_base)

@@ -31,7 +31,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["forward_kl", "reverse_kl", "jsd", "topk_tail", "sampled_token_reverse_kl", "token_mean", "DIVERGENCES", "divergence"]
+__all__ = [
+    "forward_kl",
+    "reverse_kl",
+    "jsd",
+    "topk_tail",
+    "sampled_token_reverse_kl",
+    "token_mean",
+    "DIVERGENCES",
+    "divergence",
+]
 
 # logsumexp of a top-M subset is clamped just below 0 so the tail bucket stays finite
 _TAIL_CLAMP = -1e-7
@@ -86,7 +95,14 @@ def _with_tail(topk_logp: Tensor) -> Tensor:
     return torch.cat([topk_logp, torch.log(-torch.expm1(lse))], dim=-1)
 
 
-def topk_tail(student_logits: Tensor, teacher_logits: Tensor, m: int = 20, support: str = "teacher", reverse: bool = True, grad_to: str = "student") -> Tensor:
+def topk_tail(
+    student_logits: Tensor,
+    teacher_logits: Tensor,
+    m: int = 20,
+    support: str = "teacher",
+    reverse: bool = True,
+    grad_to: str = "student",
+) -> Tensor:
     """KL on M+1 bins: the top-M tokens of ``support`` ("teacher" or "student") and a tail bucket."""
     if support not in ("teacher", "student"):
         raise ValueError(f"topk_tail support must be 'teacher' or 'student', got {support!r}")
@@ -99,7 +115,9 @@ def topk_tail(student_logits: Tensor, teacher_logits: Tensor, m: int = 20, suppo
     return _kl_from_logp(s_bins, t_bins) if reverse else _kl_from_logp(t_bins, s_bins)
 
 
-def sampled_token_reverse_kl(student_logp: Tensor, teacher_logp: Tensor, old_logp: Tensor | None = None, is_clip: float | None = 2.0) -> Tensor:
+def sampled_token_reverse_kl(
+    student_logp: Tensor, teacher_logp: Tensor, old_logp: Tensor | None = None, is_clip: float | None = 2.0
+) -> Tensor:
     """Per-token surrogate of KL(π_S ‖ π_T) from the sampled tokens only (Skill-SD's term).
 
     ``sg[log π_S(a) − log π_T(a)] · log π_S(a)``: its gradient is the
@@ -126,7 +144,16 @@ def token_mean(per_token: Tensor, weights: Tensor | None = None) -> Tensor:
 DIVERGENCES = ("forward_kl", "reverse_kl", "jsd", "topk_tail")
 
 
-def divergence(name: str, student_logits: Tensor, teacher_logits: Tensor, *, beta: float = 0.5, m: int = 20, support: str = "teacher", grad_to: str = "student") -> Tensor:
+def divergence(
+    name: str,
+    student_logits: Tensor,
+    teacher_logits: Tensor,
+    *,
+    beta: float = 0.5,
+    m: int = 20,
+    support: str = "teacher",
+    grad_to: str = "student",
+) -> Tensor:
     """Dispatch by config name (``forward_kl``, ``reverse_kl``, ``jsd``, ``topk_tail``)."""
     if name == "forward_kl":
         return forward_kl(student_logits, teacher_logits, grad_to)

@@ -28,7 +28,9 @@ class GRPOConfig(MethodConfig):
     clip_low: float = 0.2  # ε_lo
     clip_high: float = 0.2  # ε_hi
     norm_by_std: bool = True
-    drop_zero_variance: bool = True  # groups whose rewards are all equal carry no signal: skip them (no token-mean dilution, no compute)
+    drop_zero_variance: bool = (
+        True  # groups whose rewards are all equal carry no signal: skip them (no token-mean dilution, no compute)
+    )
     loss_agg: str = "token-mean"
 
     def __post_init__(self):
@@ -47,7 +49,9 @@ class GRPO(Method):
     Config = GRPOConfig
 
     def prepare(self, batch: RolloutBatch) -> dict[str, float]:
-        batch.extras["advantages"] = grpo_outcome_advantage(batch.rewards, batch.group_index, norm_by_std=self.cfg.norm_by_std)
+        batch.extras["advantages"] = grpo_outcome_advantage(
+            batch.rewards, batch.group_index, norm_by_std=self.cfg.norm_by_std
+        )
         varied = _groups_with_variance(batch.rewards, batch.group_index)
         batch.extras["has_signal"] = varied if self.cfg.drop_zero_variance else torch.ones_like(varied)
         return {"zero_variance_share": float(1 - varied.float().mean())}

@@ -19,8 +19,8 @@ frozen teacher, while its student's prompt stays GRPO's.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from tasks.base import Task
 
@@ -54,7 +54,9 @@ class RetrievalRL(GRPO):
 
     def __init__(self, cfg: RetrievalRLConfig, run):
         super().__init__(cfg, run)
-        self.bank = ExperienceBank(BankConfig(**run.extra.get("bank_config", {})), TextEncoder(), allow_self_retrieval=cfg.allow_self_retrieval)
+        self.bank = ExperienceBank(
+            BankConfig(**run.extra.get("bank_config", {})), TextEncoder(), allow_self_retrieval=cfg.allow_self_retrieval
+        )
         if run.extra.get("bank_path"):
             self.bank.load(run.extra["bank_path"])
             self.bank.frozen = False  # a seed bank grows during training
@@ -75,7 +77,13 @@ class RetrievalRL(GRPO):
 
     def prepare(self, batch):
         out = super().prepare(batch)
-        out.update({"retrieved_per_task": self._last["retrieved"], "retrieved_same_group": self._last["same_group"], "retrieval_s": round(self._last["retrieval_s"], 4)})
+        out.update(
+            {
+                "retrieved_per_task": self._last["retrieved"],
+                "retrieved_same_group": self._last["same_group"],
+                "retrieval_s": round(self._last["retrieval_s"], 4),
+            }
+        )
         return out
 
     def after_step(self, batch) -> dict[str, float]:

@@ -51,7 +51,10 @@ class SDPO(SelfDistillation):
         for j, g in enumerate(batch.group_index.tolist()):
             members.setdefault(g, []).append(j)
         groups = batch.group_index.tolist()
-        parts = [sdpo_parts(batch.rollouts, i, members[groups[i]], cfg.success_threshold, cfg.use_sibling, cfg.use_feedback) for i in range(len(batch.rollouts))]
+        parts = [
+            sdpo_parts(batch.rollouts, i, members[groups[i]], cfg.success_threshold, cfg.use_sibling, cfg.use_feedback)
+            for i in range(len(batch.rollouts))
+        ]
         return [sdpo_context(*p) for p in parts], [sdpo_kind(*p) for p in parts]
 
     def teacher_contexts(self, batch):

@@ -80,7 +80,12 @@ class SkillLibrary:
         if untried:
             return untried[0]
         total = sum(self.skills[i].uses for i in cand)
-        return max(cand, key=lambda i: self.skills[i].reward_sum / self.skills[i].uses + c * math.sqrt(math.log(total) / self.skills[i].uses))
+        return max(
+            cand,
+            key=lambda i: (
+                self.skills[i].reward_sum / self.skills[i].uses + c * math.sqrt(math.log(total) / self.skills[i].uses)
+            ),
+        )
 
     def record(self, idx: int, reward: float) -> None:
         self.skills[idx].uses += 1
@@ -112,11 +117,18 @@ class SkillSD(GRPO):
         for r in batch.rollouts:
             if r.task.task_id not in chosen:
                 chosen[r.task.task_id] = self.library.select(r.task, self.cfg.ucb_c)
-        contexts = [self.library.skills[chosen[r.task.task_id]].text if chosen[r.task.task_id] is not None else None for r in batch.rollouts]
+        contexts = [
+            self.library.skills[chosen[r.task.task_id]].text if chosen[r.task.task_id] is not None else None
+            for r in batch.rollouts
+        ]
         scores = self.teacher.score(batch.rollouts, contexts, self.run.train_cfg.temperature)
         # the teacher's log-prob of each sampled agent token, packed per rollout
         batch.extras["teacher_logp"] = [
-            None if (s is None or c is None) else torch.log_softmax(s, -1).gather(-1, torch.tensor([t for t, m in zip(r.ids[1:], r.agent_mask[1:]) if m])[:, None]).squeeze(-1)
+            None
+            if (s is None or c is None)
+            else torch.log_softmax(s, -1)
+            .gather(-1, torch.tensor([t for t, m in zip(r.ids[1:], r.agent_mask[1:]) if m])[:, None])
+            .squeeze(-1)
             for r, s, c in zip(batch.rollouts, scores, contexts)
         ]
         batch.extras["has_skill"] = torch.tensor([lp is not None for lp in batch.extras["teacher_logp"]])
@@ -126,7 +138,9 @@ class SkillSD(GRPO):
                 rewards = [r.reward for r in batch.rollouts if r.task.task_id == task_id]
                 self.library.record(idx, sum(rewards) / len(rewards))
         out.update({"skill_share": float(batch.extras["has_skill"].float().mean()), "skills": len(self.library.skills)})
-        if any(c is not None for c in contexts) and not self._gain_logged:  # the first step whose tasks have skills (the library starts empty)
+        if (
+            any(c is not None for c in contexts) and not self._gain_logged
+        ):  # the first step whose tasks have skills (the library starts empty)
             self._gain_logged = True
             out.update(gain_record(self.teacher, batch.rollouts, contexts))
             out["teacher_context_gain"] = checked_gain(self.name, out["teacher_context_gain"])
@@ -140,15 +154,22 @@ class SkillSD(GRPO):
         agent = rows_of(batch.loss_mask, rows, width)
         varied = batch.extras["has_signal"][rows].to(agent.dtype)[:, None]
         pg, metrics = ppo_clip_loss(
-            logp, rows_of(batch.extras["old_logp"], rows, width), batch.extras["advantages"][rows], agent * varied,
-            clip_low=self.cfg.clip_low, clip_high=self.cfg.clip_high, agg=self.cfg.loss_agg,
+            logp,
+            rows_of(batch.extras["old_logp"], rows, width),
+            batch.extras["advantages"][rows],
+            agent * varied,
+            clip_low=self.cfg.clip_low,
+            clip_high=self.cfg.clip_high,
+            agg=self.cfg.loss_agg,
         )
         keep = [i for i in rows.tolist() if batch.extras["teacher_logp"][i] is not None]
         if keep and self.cfg.sdl_weight > 0:
             mask = agent.bool() & batch.extras["has_skill"][rows][:, None]
             t_lp = torch.cat([batch.extras["teacher_logp"][i] for i in keep])
             s_lp = logp[mask]
-            kl = sampled_token_reverse_kl(s_lp, t_lp, rows_of(batch.extras["old_logp"], rows, width)[mask], self.cfg.is_clip)
+            kl = sampled_token_reverse_kl(
+                s_lp, t_lp, rows_of(batch.extras["old_logp"], rows, width)[mask], self.cfg.is_clip
+            )
             sdl = token_mean(kl)
             # the surrogate's value is not a divergence; log the sampled-token estimate of KL(π_S ‖ π_T) too
             metrics = {**metrics, "sdl_kl": float((s_lp - t_lp).detach().mean())}
@@ -158,7 +179,9 @@ class SkillSD(GRPO):
         return pg + self.cfg.sdl_weight * sdl, metrics
 
     def after_step(self, batch):
-        added = sum(self.library.add(rollout_skill(r, self.cfg.max_skill_chars), r.task.group_id) for r in batch.rollouts)
+        added = sum(
+            self.library.add(rollout_skill(r, self.cfg.max_skill_chars), r.task.group_id) for r in batch.rollouts
+        )
         return {"skills_added": added}
 
     def state_dict(self):

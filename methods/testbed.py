@@ -26,7 +26,7 @@ needs the GRPO runs and is computed by :mod:`analysis.testbed`.
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -54,7 +54,16 @@ def _rewards(model, encoder, domain, tasks, contexts, sampling, seed) -> list[fl
 
 
 @torch.no_grad()
-def probe(model, encoder: ChatEncoder, domain: TaskDomain, tasks: Sequence[Task], sampling: SamplingConfig, bank: ExperienceBank | None, n_retrieve: int, seed: int) -> dict:
+def probe(
+    model,
+    encoder: ChatEncoder,
+    domain: TaskDomain,
+    tasks: Sequence[Task],
+    sampling: SamplingConfig,
+    bank: ExperienceBank | None,
+    n_retrieve: int,
+    seed: int,
+) -> dict:
     """The base policy's held-out reward without context, with the task's reference solution and
     with retrieved experience, on ``tasks`` (the Vanilla evaluation's).  ``bank`` None: the
     experience rows are left out (a profile whose methods use no bank)."""
@@ -78,16 +87,18 @@ def probe(model, encoder: ChatEncoder, domain: TaskDomain, tasks: Sequence[Task]
         hits = bank.retrieve(list(tasks), n_retrieve)
         ret = _rewards(model, encoder, domain, tasks, [render_experience(h) for h in hits], sampling, seed)
         gain, gain_se = paired_gain(ret, none)
-        out.update({
-            "n_retrieve": n_retrieve,
-            "bank_size": len(bank),
-            "reward_retrieved": mean_se(ret)[0],
-            "retrieval_gain": gain,
-            "retrieval_gain_se": gain_se,
-            "retrieved_per_task": sum(len(h) for h in hits) / max(len(hits), 1),
-            "retrieval_same_group": same_group_share(tasks, hits),
-            "retrieval_same_group_seen": _seen_share(tasks, hits, bank),
-        })
+        out.update(
+            {
+                "n_retrieve": n_retrieve,
+                "bank_size": len(bank),
+                "reward_retrieved": mean_se(ret)[0],
+                "retrieval_gain": gain,
+                "retrieval_gain_se": gain_se,
+                "retrieved_per_task": sum(len(h) for h in hits) / max(len(hits), 1),
+                "retrieval_same_group": same_group_share(tasks, hits),
+                "retrieval_same_group_seen": _seen_share(tasks, hits, bank),
+            }
+        )
     out["probe_s"] = round(time.perf_counter() - t0, 2)
     model.train(was_training)
     return out

@@ -27,8 +27,9 @@ Conventions shared by all domains (so no method is favoured by formatting):
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar
 
 __all__ = [
     "Task",
@@ -164,7 +165,7 @@ class TaskDomain(abc.ABC):
         to the cue its mistakes depend on.  Domains without one return the expert's."""
         return self.expert_trajectory(task)
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional hook: most domains hold nothing to release)
         """Release resources (worker pools)."""
 
 

@@ -78,9 +78,23 @@ _BLOCKED_MODULES = frozenset(
 )
 #: Audit events refused outright (exact names or prefixes ending in '.').
 _DENIED_EVENTS = (
-    "socket.", "ctypes.", "subprocess.", "pty.", "os.fork", "os.forkpty", "os.exec",
-    "os.posix_spawn", "os.spawn", "os.system", "os.kill", "os.killpg",
-    "signal.pthread_kill", "os.symlink", "os.link", "resource.setrlimit", "resource.prlimit",
+    "socket.",
+    "ctypes.",
+    "subprocess.",
+    "pty.",
+    "os.fork",
+    "os.forkpty",
+    "os.exec",
+    "os.posix_spawn",
+    "os.spawn",
+    "os.system",
+    "os.kill",
+    "os.killpg",
+    "signal.pthread_kill",
+    "os.symlink",
+    "os.link",
+    "resource.setrlimit",
+    "resource.prlimit",
 )
 #: Audit events whose path arguments must lie inside the temp dir.
 _WRITE_PATH_EVENTS = frozenset(
@@ -134,7 +148,7 @@ def _write_frame(fd: int, obj) -> None:
 def _write_body(fd: int, body: bytes) -> None:
     data = memoryview(_HEADER.pack(len(body)) + body)
     while data:
-        data = data[os.write(fd, data):]
+        data = data[os.write(fd, data) :]
 
 
 def _unshare_network() -> None:
@@ -168,7 +182,6 @@ def _extension_modules() -> list[str]:
 def _preload() -> None:
     """Import what programs commonly use, and every stdlib extension module: a child that runs
     as ``nobody`` can neither read nor ``dlopen`` files under a root-only directory."""
-    import importlib.util  # _StdlibFinder's, imported now: never from inside an import
     import warnings
 
     for name in _PRELOAD:
@@ -202,7 +215,9 @@ class _StdlibFinder:
                 continue
             origin = os.path.join(self.root, candidate)
             spec = spec_from_file_location(
-                name, origin, loader=_FdSourceLoader(self.dir_fd, candidate, origin),
+                name,
+                origin,
+                loader=_FdSourceLoader(self.dir_fd, candidate, origin),
                 submodule_search_locations=[os.path.join(self.root, rel)] if package else None,
             )
             return spec
@@ -338,7 +353,7 @@ def _confine(tmp: str, res_w: int, out_w: int, cfg: dict) -> None:
     os.dup2(out_w, 2)
     os.dup2(res_w, 3)
     os.closerange(4, 1 << 16)
-    sys.stdin = open(0, "r", closefd=False)
+    sys.stdin = open(0, closefd=False)
     sys.stdout = open(1, "w", buffering=1, closefd=False, encoding="utf-8", errors="replace")
     sys.stderr = open(2, "w", buffering=1, closefd=False, encoding="utf-8", errors="replace")
     os.chdir(tmp)
@@ -445,7 +460,7 @@ def _make_guard(tmp: str, read_roots: tuple[str, ...]):
 def _emit(obj: dict) -> None:
     data = memoryview((json.dumps(obj) + "\n").encode("utf-8", "replace"))
     while data:
-        data = data[os.write(3, data):]
+        data = data[os.write(3, data) :]
 
 
 def _describe(exc: BaseException) -> str:
@@ -567,10 +582,18 @@ class _Worker:
 class Sandbox:
     """A pool of sandbox workers.  Context manager; ``close()`` shuts it down."""
 
-    def __init__(self, workers: int = 2, cpu_s: float = 2, wall_s: float = 4, mem_mb: int = 256, max_output: int = 8192):
+    def __init__(
+        self, workers: int = 2, cpu_s: float = 2, wall_s: float = 4, mem_mb: int = 256, max_output: int = 8192
+    ):
         self._base = tempfile.mkdtemp(prefix="sandbox-")
         os.chmod(self._base, 0o711)  # children run as nobody and must reach their own dir
-        self._cfg = {"cpu_s": max(1, int(cpu_s)), "wall_s": wall_s, "mem_mb": mem_mb, "max_output": max_output, "base": self._base}
+        self._cfg = {
+            "cpu_s": max(1, int(cpu_s)),
+            "wall_s": wall_s,
+            "mem_mb": mem_mb,
+            "max_output": max_output,
+            "base": self._base,
+        }
         self._lock = threading.Lock()
         self._workers = [_Worker(self._cfg) for _ in range(max(1, workers))]
         self._closed = False
@@ -739,7 +762,7 @@ def _judge(cases, fname: str, report: dict, wire: tuple[list, bytes]) -> ExecRes
     if load is not None:
         return ExecResult(False, 0, n, "memory" if load.startswith("error: MemoryError") else load, output)
     passed, first_fail, failed_test = 0, None, None
-    for i, (args, expected) in enumerate(cases):
+    for i, (_args, expected) in enumerate(cases):
         if i not in per_test:
             break
         problem = _check(per_test[i], expected)
@@ -753,7 +776,9 @@ def _judge(cases, fname: str, report: dict, wire: tuple[list, bytes]) -> ExecRes
     if len(per_test) < n:
         missing = len(per_test)
         reason = _death(report.get("verdict", "worker died"))
-        where = f" on test {missing + 1}: {_call_text(fname, wire[0][missing])}" if reason in ("timeout", "memory") else ""
+        where = (
+            f" on test {missing + 1}: {_call_text(fname, wire[0][missing])}" if reason in ("timeout", "memory") else ""
+        )
         return ExecResult(False, passed, n, reason + where, output)
     return ExecResult(True, passed, n, "ok", output)
 

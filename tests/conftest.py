@@ -24,8 +24,20 @@ def tiny_configs():
     from methods.core.warmstart import WarmStartConfig
 
     model = ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
-    ws = WarmStartConfig(vocab_size=400, n_demos=120, steps=4, batch_size=8, lr=3e-3, warmup_steps=1, likelihood_tasks=8)
-    train = TrainConfig(rollout_budget=16, rollouts_per_step=8, eval_every=8, eval_episodes=6, ppo_epochs=1, minibatch_rollouts=8, checkpoint_every=1, max_new_tokens=16, max_seq_len=1024)  # 1024: room for three retrieved trajectories in a prompt
+    ws = WarmStartConfig(
+        vocab_size=400, n_demos=120, steps=4, batch_size=8, lr=3e-3, warmup_steps=1, likelihood_tasks=8
+    )
+    train = TrainConfig(
+        rollout_budget=16,
+        rollouts_per_step=8,
+        eval_every=8,
+        eval_episodes=6,
+        ppo_epochs=1,
+        minibatch_rollouts=8,
+        checkpoint_every=1,
+        max_new_tokens=16,
+        max_seq_len=1024,
+    )  # 1024: room for three retrieved trajectories in a prompt
     return model, ws, train
 
 
@@ -40,7 +52,9 @@ def warmstarts(tmp_path_factory):
     out = {}
     for name in DOMAINS:
         d = get_domain(name, seed=0)
-        model, tok, report = warm_start(d, model_cfg, ws_cfg, train_cfg.sampling(eval=True), train_cfg.eval_episodes, seed=0)
+        model, tok, report = warm_start(
+            d, model_cfg, ws_cfg, train_cfg.sampling(eval=True), train_cfg.eval_episodes, seed=0
+        )
         path = tmp_path_factory.mktemp(f"ws_{name}")
         save_policy(model, tok, path / "model")
         out[name] = (path, report)

@@ -42,8 +42,14 @@ def test_registered_and_sized():
     assert len(TEMPLATES) >= 20 and 8 <= len(CONVENTIONS) <= 16
     seen = [p for p in PROJECTS if not p.test_only]
     new = [p for p in PROJECTS if p.test_only]
-    assert len(seen) == 12 and len(new) == 4 and len({p.id for p in PROJECTS}) == len({p.name for p in PROJECTS}) == len(PROJECTS)
-    assert all(c in {x for p in seen for x in p.conventions} for c in CONVENTIONS)  # every convention in some train project
+    assert (
+        len(seen) == 12
+        and len(new) == 4
+        and len({p.id for p in PROJECTS}) == len({p.name for p in PROJECTS}) == len(PROJECTS)
+    )
+    assert all(
+        c in {x for p in seen for x in p.conventions} for c in CONVENTIONS
+    )  # every convention in some train project
     assert all(len(p.conventions) == 2 for p in new)  # test-only projects: input+output pairs no train project has
     assert not {p.conventions for p in new} & {p.conventions for p in seen}
     assert any(len(p.conventions) == 2 for p in seen) and any(len(p.conventions) == 2 for p in new)
@@ -70,7 +76,9 @@ def test_splits_deterministic_prefix_and_disjoint(domain, train, test_split):
     train_all = {t.prompt for t in domain.tasks("train")}
     assert not train_all & {t.prompt for t in test_split}
     templates = {t.name for t in TEMPLATES}
-    assert {t.template_id for t in domain.tasks("train")} == templates and {t.template_id for t in test_split} <= templates
+    assert {t.template_id for t in domain.tasks("train")} == templates and {
+        t.template_id for t in test_split
+    } <= templates
     assert {t.group_id for t in train} == {p.id for p in PROJECTS if not p.test_only}
 
 
@@ -117,7 +125,9 @@ def test_a_failing_test_names_the_project_rule_it_checks(domain, train):
     named = plain = 0
     for task in train[:60]:
         rules = task.payload["test_rules"]
-        assert len(rules) == len(task.payload["tests"]) and all(set(r) <= set(task.payload["conventions"]) for r in rules)
+        assert len(rules) == len(task.payload["tests"]) and all(
+            set(r) <= set(task.payload["conventions"]) for r in rules
+        )
         assert any(rules)  # every convention matters, so some test checks one
         naive = render_reference(next(t for t in TEMPLATES if t.name == task.template_id), task.payload["params"], ())
         ep = domain.reset(task)
@@ -285,7 +295,10 @@ def test_visible_examples_hide_the_convention(domain, train):
 
 def test_step_batch_matches_sequential_step(domain, train):
     tasks = train[:12]
-    programs = [[t.reference, convention_free(t), "oops(", "def f(x):\n    while True: pass\n"][k % 4] for k, t in enumerate(tasks)]
+    programs = [
+        [t.reference, convention_free(t), "oops(", "def f(x):\n    while True: pass\n"][k % 4]
+        for k, t in enumerate(tasks)
+    ]
     programs[3] = programs[7] = "def f(x):\n    return None\n"  # one slow program is enough
     batched = run_programs(domain, tasks, programs)
     sequential = []

@@ -24,7 +24,20 @@ from tasks.base import get_domain
 
 from .conftest import DOMAINS, tiny_configs, varied_reward_domain
 
-SHARED_TRAIN_KEYS = {"kind", "step", "rollouts", "rollout_budget", "tasks_seen", "generated_tokens", "teacher_tokens", "wall_s", "train_reward", "loss", "grad_norm", "rollout_s"}
+SHARED_TRAIN_KEYS = {
+    "kind",
+    "step",
+    "rollouts",
+    "rollout_budget",
+    "tasks_seen",
+    "generated_tokens",
+    "teacher_tokens",
+    "wall_s",
+    "train_reward",
+    "loss",
+    "grad_norm",
+    "rollout_s",
+}
 SHARED_EVAL_KEYS = {"kind", "step", "rollouts", "heldout_reward", "heldout_success", "heldout_episodes"}
 
 
@@ -34,7 +47,18 @@ def _run(method_name, domain_name, ws_path: Path, out: Path, train_cfg=None, ban
     cls = get_method(method_name)
     model, tok = load_policy(ws_path / "model")
     domain = varied_reward_domain(get_domain(domain_name, seed=0))
-    run = RunContext(model=model, tokenizer=tok, encoder=ChatEncoder(tok), domain=domain, train_cfg=train_cfg, ledger=Ledger(train_cfg.rollout_budget), seed=0, device=torch.device("cpu"), warmstart_path=ws_path, out_dir=out)
+    run = RunContext(
+        model=model,
+        tokenizer=tok,
+        encoder=ChatEncoder(tok),
+        domain=domain,
+        train_cfg=train_cfg,
+        ledger=Ledger(train_cfg.rollout_budget),
+        seed=0,
+        device=torch.device("cpu"),
+        warmstart_path=ws_path,
+        out_dir=out,
+    )
     if cls.uses_bank and banks is not None:  # as the pipeline does: a bank seeded before RL
         run.extra["bank_path"] = banks[domain_name]
     method = cls(cls.Config(), run)
@@ -70,7 +94,19 @@ class _Interrupt(Exception):
 
 
 def _strip_time(recs):
-    drop = {"wall_s", "eval_wall_s", "rollout_s", "update_s", "eval_s", "retrieval_s", "bank_add_s", "composer_s", "teacher_s", "composer_step_s", "lopd_retrieval_s"}  # wall-clock timings
+    drop = {
+        "wall_s",
+        "eval_wall_s",
+        "rollout_s",
+        "update_s",
+        "eval_s",
+        "retrieval_s",
+        "bank_add_s",
+        "composer_s",
+        "teacher_s",
+        "composer_step_s",
+        "lopd_retrieval_s",
+    }  # wall-clock timings
     return [{k: v for k, v in r.items() if k not in drop} for r in recs]
 
 
@@ -136,7 +172,9 @@ def test_a_torn_metrics_line_does_not_block_resume(warmstarts, tmp_path):
 
 
 @pytest.mark.parametrize("method_name", ["grpo", "retrieval_rl"])
-def test_the_rollout_0_evaluation_reuses_the_base_policys_where_it_is_the_same_computation(method_name, warmstarts, seeded_banks, tmp_path):
+def test_the_rollout_0_evaluation_reuses_the_base_policys_where_it_is_the_same_computation(
+    method_name, warmstarts, seeded_banks, tmp_path
+):
     """Greedy, same tasks, no student context: the run's first evaluation is the base policy's own
     (bit-identical, so taken from its eval.json); a method with a student context evaluates."""
     from dataclasses import replace
@@ -150,8 +188,13 @@ def test_the_rollout_0_evaluation_reuses_the_base_policys_where_it_is_the_same_c
     train(ref_m, ref_run, tmp_path / "ref")
     computed = json.loads((tmp_path / "ref" / "metrics.jsonl").read_text().splitlines()[0])
     m, run = _run(method_name, "tooluse", ws_path, tmp_path / "reuse", cfg, banks=seeded_banks)
-    base = evaluate(run.model, run.encoder, run.domain, run.domain.tasks("test", cfg.eval_episodes), cfg.sampling(eval=True), seed=7)
-    run.extra["base_eval"] = {**base, "heldout_reward": base["heldout_reward"] + (0.0 if method_name == "grpo" else 1.0)}
+    base = evaluate(
+        run.model, run.encoder, run.domain, run.domain.tasks("test", cfg.eval_episodes), cfg.sampling(eval=True), seed=7
+    )
+    run.extra["base_eval"] = {
+        **base,
+        "heldout_reward": base["heldout_reward"] + (0.0 if method_name == "grpo" else 1.0),
+    }
     train(m, run, tmp_path / "reuse")
     first = json.loads((tmp_path / "reuse" / "metrics.jsonl").read_text().splitlines()[0])
     keys = [k for k in computed if k.startswith("heldout_")]
@@ -175,6 +218,10 @@ def test_inner_curve_points_evaluate_a_prefix_of_the_held_out_tasks(warmstarts, 
     m, run = _run("grpo", "tooluse", ws_path, tmp_path, replace(cfg, curve_eval_episodes=k), banks=seeded_banks)
     train(m, run, tmp_path)
     evals = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines() if '"eval"' in x]
-    assert [(e["rollouts"], e["heldout_episodes"]) for e in evals] == [(0, cfg.eval_episodes), (8, k), (16, cfg.eval_episodes)]
+    assert [(e["rollouts"], e["heldout_episodes"]) for e in evals] == [
+        (0, cfg.eval_episodes),
+        (8, k),
+        (16, cfg.eval_episodes),
+    ]
     with pytest.raises(ValueError, match="curve_eval_episodes"):
         replace(cfg, curve_eval_episodes=cfg.eval_episodes + 1)

@@ -15,7 +15,11 @@ from methods.core.rollout import sample
 from methods.core.tokenizer import ChatEncoder, train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
-CORPUS = ["lookup(Mara Velk) -> A17", "def f(xs):\n    return [x * 3 for x in xs]", "Deposit 40 into the account of Mara Velk."] * 20
+CORPUS = [
+    "lookup(Mara Velk) -> A17",
+    "def f(xs):\n    return [x * 3 for x in xs]",
+    "Deposit 40 into the account of Mara Velk.",
+] * 20
 
 
 @pytest.fixture(scope="module")
@@ -25,12 +29,19 @@ def tok():
 
 def test_incremental_encoding_matches_chat_template(tok):
     enc = ChatEncoder(tok)
-    msgs = [("system", "be brief"), ("user", "Deposit 40 into Mara Velk."), ("assistant", "put(40, A17)"), ("tool", "ok: balance 120")]
+    msgs = [
+        ("system", "be brief"),
+        ("user", "Deposit 40 into Mara Velk."),
+        ("assistant", "put(40, A17)"),
+        ("tool", "ok: balance 120"),
+    ]
     ids = []
     for role, content in msgs:
         ids += enc.message(role, content)
     ids += enc.header("assistant")
-    ref = tok.apply_chat_template([{"role": r, "content": c} for r, c in msgs], add_generation_prompt=True, tokenize=True)["input_ids"]
+    ref = tok.apply_chat_template(
+        [{"role": r, "content": c} for r, c in msgs], add_generation_prompt=True, tokenize=True
+    )["input_ids"]
     assert ids == list(ref)
 
 
@@ -51,7 +62,9 @@ def test_checkpoint_roundtrip(tok, tmp_path):
     # rebuild it as Qwen2Tokenizer with Qwen's pre-tokenizer and an NFC normalizer)
     for text in CORPUS[:3] + ["def f(s):\n    if s:\n        return s", "  x  \n\n  y", "caf\u00e9 e\u0301"]:
         assert tok2.encode(text, add_special_tokens=False) == tok.encode(text, add_special_tokens=False), text
-    assert tok2.padding_side == "left" and tok2.pad_token_id == tok.pad_token_id and tok2.eos_token_id == tok.eos_token_id
+    assert (
+        tok2.padding_side == "left" and tok2.pad_token_id == tok.pad_token_id and tok2.eos_token_id == tok.eos_token_id
+    )
     x = torch.tensor([[1, 5, 7, 9]])
     assert torch.equal(m(x).logits, m2(x).logits)
     with pytest.raises(FileNotFoundError, match="no model checkpoint"):
@@ -64,7 +77,9 @@ def test_batched_kv_sampling_equals_hf_generate(tok):
     eos = tok.eos_token_id
     batched = sample(m, prompts, eos_id=eos, pad_id=tok.pad_token_id, max_new_tokens=12, temperature=0)
     for p, got in zip(prompts, batched):
-        ref = m.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=eos, pad_token_id=tok.pad_token_id)[0, len(p) :].tolist()
+        ref = m.generate(
+            torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=eos, pad_token_id=tok.pad_token_id
+        )[0, len(p) :].tolist()
         assert got == ref[: len(got)] and len(got) == len(ref)
 
 
@@ -115,19 +130,40 @@ def test_shipped_config_validates():
         (lambda c: c.update(domains=["tooluse", "kode"]), "unknown task 'kode'.*did you mean 'code'"),
         (lambda c: c["profiles"]["small"]["train"].update(lr=5.0), r"train.lr must be in \(0, 1\)"),
         (lambda c: c["profiles"]["small"]["train"].update(rollout_budget=0), "train.rollout_budget must be >= 1"),
-        (lambda c: c["profiles"]["small"]["warmstart"].update(likelihood_tasks=0), r"warmstart.likelihood_tasks must be >= 1"),
-        (lambda c: c["profiles"]["small"]["domain_overrides"]["code"]["warmstart"].update(context_share=1.5), r"warmstart.context_share must be in \[0, 1\]"),
+        (
+            lambda c: c["profiles"]["small"]["warmstart"].update(likelihood_tasks=0),
+            r"warmstart.likelihood_tasks must be >= 1",
+        ),
+        (
+            lambda c: c["profiles"]["small"]["domain_overrides"]["code"]["warmstart"].update(context_share=1.5),
+            r"warmstart.context_share must be in \[0, 1\]",
+        ),
         (lambda c: c["methods"].update(grpo={"clip_low": 2}), r"methods.grpo: clip_low must be in \(0, 1\)"),
         (lambda c: c["methods"].update(grpo={"group_size": 1}), "methods.grpo: group_size must be >= 2"),
-        (lambda c: c["profiles"]["small"]["train"].update(learning_rate=1e-3), r"train: unknown field\(s\) \['learning_rate'\]"),
-        (lambda c: c["methods"].update(grpo={"group_size": 6}), r"train.rollout_budget \(1600\) must be a multiple of methods.grpo.group_size \(6\)"),
-        (lambda c: c["profiles"]["small"]["train"].update(eval_every=400), r"train.eval_every \(400\) must be a multiple of train.rollouts_per_step \(32\)"),
+        (
+            lambda c: c["profiles"]["small"]["train"].update(learning_rate=1e-3),
+            r"train: unknown field\(s\) \['learning_rate'\]",
+        ),
+        (
+            lambda c: c["methods"].update(grpo={"group_size": 6}),
+            r"train.rollout_budget \(1600\) must be a multiple of methods.grpo.group_size \(6\)",
+        ),
+        (
+            lambda c: c["profiles"]["small"]["train"].update(eval_every=400),
+            r"train.eval_every \(400\) must be a multiple of train.rollouts_per_step \(32\)",
+        ),
         (lambda c: c["methods"].update(grpo={"loss_agg": "mean"}), "loss_agg must be one of"),
         (lambda c: c["methods"].update(sdpo={"divergence": "l2"}), "methods.sdpo: divergence must be one of"),
         (lambda c: c["methods"].update(sdft={"ema_rate": 1.5}), r"methods.sdft: ema_rate must be in \(0, 1\]"),
         (lambda c: c["methods"].update(sdpo={"topk": 0}), "methods.sdpo: .*topk >= 1"),
-        (lambda c: c["methods"].update(retrieval_rl={"n_retrieve": 0}), "methods.retrieval_rl: n_retrieve must be >= 1"),
-        (lambda c: c["profiles"]["small"].update(bank={"success_threshold": 0}), r"bank.success_threshold must be in \(0, 1\]"),
+        (
+            lambda c: c["methods"].update(retrieval_rl={"n_retrieve": 0}),
+            "methods.retrieval_rl: n_retrieve must be >= 1",
+        ),
+        (
+            lambda c: c["profiles"]["small"].update(bank={"success_threshold": 0}),
+            r"bank.success_threshold must be in \(0, 1\]",
+        ),
     ],
 )
 def test_invalid_config_names_the_field(mutate, message):
@@ -151,7 +187,15 @@ def test_multi_turn_rollouts_layout_and_sampler_logprobs(domain_name, temperatur
     enc = ChatEncoder(tok)
     domain = get_domain(domain_name, seed=0)
     tasks = domain.tasks("train", 6)
-    rs = run_episodes(model.eval(), enc, domain, tasks, None, SamplingConfig(temperature=temperature, max_new_tokens=12, max_seq_len=400), torch.Generator().manual_seed(0))
+    rs = run_episodes(
+        model.eval(),
+        enc,
+        domain,
+        tasks,
+        None,
+        SamplingConfig(temperature=temperature, max_new_tokens=12, max_seq_len=400),
+        torch.Generator().manual_seed(0),
+    )
     for r in rs:
         assert len(r.ids) == len(r.agent_mask) and sum(r.agent_mask) == len(r.agent_logprobs)
         assert len(r.ids) <= 400 and 0.0 <= r.reward <= 1.0

@@ -22,12 +22,30 @@ def _run(ws_path, domain_name="tooluse"):
     _, _, train_cfg = tiny_configs()
     model, tok = load_policy(ws_path / "model")
     domain = varied_reward_domain(get_domain(domain_name, seed=0))
-    return RunContext(model=model, tokenizer=tok, encoder=ChatEncoder(tok), domain=domain, train_cfg=train_cfg, ledger=Ledger(train_cfg.rollout_budget), seed=0, device=torch.device("cpu"), warmstart_path=ws_path)
+    return RunContext(
+        model=model,
+        tokenizer=tok,
+        encoder=ChatEncoder(tok),
+        domain=domain,
+        train_cfg=train_cfg,
+        ledger=Ledger(train_cfg.rollout_budget),
+        seed=0,
+        device=torch.device("cpu"),
+        warmstart_path=ws_path,
+    )
 
 
 def _rollouts(run, n=4):
     tasks = run.domain.tasks("train", n)
-    return run_episodes(run.model.eval(), run.encoder, run.domain, tasks, None, run.train_cfg.sampling(), torch.Generator().manual_seed(0))
+    return run_episodes(
+        run.model.eval(),
+        run.encoder,
+        run.domain,
+        tasks,
+        None,
+        run.train_cfg.sampling(),
+        torch.Generator().manual_seed(0),
+    )
 
 
 @pytest.mark.parametrize("domain_name", ["tooluse", "code"])
@@ -85,7 +103,11 @@ def test_training_leaves_a_frozen_teacher_bit_identical_and_moves_an_ema_one(met
     else:
         assert changed
     assert run.ledger.teacher_tokens > 0
-    first = [r for r in map(__import__("json").loads, (tmp_path / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"][0]
+    first = [
+        r
+        for r in map(__import__("json").loads, (tmp_path / "metrics.jsonl").read_text().splitlines())
+        if r["kind"] == "train"
+    ][0]
     assert "teacher_context_gain" in first and "signal_share" in first
 
 
@@ -107,7 +129,10 @@ def test_sdpo_context_uses_a_successful_sibling_never_itself_and_feedback(warmst
 
     first = _rollouts(run, 1)[0]
     # one group of four attempts at the same task: rewards 1, 0, 1, 0 (set by hand)
-    rs = [dataclasses.replace(first, reward=rw, feedback=fb) for rw, fb in [(1.0, ""), (0.0, "errors: unknown tool"), (1.0, ""), (0.0, "")]]
+    rs = [
+        dataclasses.replace(first, reward=rw, feedback=fb)
+        for rw, fb in [(1.0, ""), (0.0, "errors: unknown tool"), (1.0, ""), (0.0, "")]
+    ]
     b = _collate(rs, [0, 0, 0, 0], run.encoder.pad_id)
     ctx = method.teacher_contexts(b)
     assert all(c is not None for c in ctx[:3])
@@ -119,7 +144,9 @@ def test_sdpo_context_uses_a_successful_sibling_never_itself_and_feedback(warmst
     # the kinds that split the sanity check
     fail_alone = _collate([rs[1]], [0], run.encoder.pad_id)
     assert method.teacher_contexts_and_kinds(b) == (ctx, ["sibling"] * 4)
-    assert method.teacher_contexts_and_kinds(fail_alone)[1] == ["feedback_only"] and method.teacher_contexts_and_kinds(lone)[1] == [None]
+    assert method.teacher_contexts_and_kinds(fail_alone)[1] == ["feedback_only"] and method.teacher_contexts_and_kinds(
+        lone
+    )[1] == [None]
 
 
 def test_gain_record_scores_each_task_context_pair_once_and_splits_by_kind(warmstarts):
@@ -132,16 +159,29 @@ def test_gain_record_scores_each_task_context_pair_once_and_splits_by_kind(warms
     kinds = ["sibling", "sibling", "feedback_only"]
     rec = gain_record(teacher, rs, ctx, kinds)
     tasks = [r.task for r in rs]
-    assert rec["teacher_context_gain"] == pytest.approx(context_gain(teacher, tasks, ctx), abs=1e-9) and rec["teacher_context_pairs"] == 3
-    assert rec["teacher_context_gain_sibling"] == pytest.approx(context_gain(teacher, tasks[:2], ctx[:2]), abs=1e-9) and rec["teacher_context_pairs_sibling"] == 2
-    assert rec["teacher_context_gain_feedback_only"] == pytest.approx(context_gain(teacher, tasks[2:], ctx[2:]), abs=1e-9)
+    assert (
+        rec["teacher_context_gain"] == pytest.approx(context_gain(teacher, tasks, ctx), abs=1e-9)
+        and rec["teacher_context_pairs"] == 3
+    )
+    assert (
+        rec["teacher_context_gain_sibling"] == pytest.approx(context_gain(teacher, tasks[:2], ctx[:2]), abs=1e-9)
+        and rec["teacher_context_pairs_sibling"] == 2
+    )
+    assert rec["teacher_context_gain_feedback_only"] == pytest.approx(
+        context_gain(teacher, tasks[2:], ctx[2:]), abs=1e-9
+    )
     # the same task-context pair twice (a task's rollouts sharing one context) is scored once; no context is skipped
     again = gain_record(teacher, rs + rs + rs[:1], ctx + ctx + [None])
-    assert again["teacher_context_gain"] == pytest.approx(rec["teacher_context_gain"], abs=1e-9) and again["teacher_context_pairs"] == 3
+    assert (
+        again["teacher_context_gain"] == pytest.approx(rec["teacher_context_gain"], abs=1e-9)
+        and again["teacher_context_pairs"] == 3
+    )
     assert not any(k.startswith("teacher_context_gain_") for k in again)  # no kinds given, no split
     # one task with two different contexts is two pairs
     two = gain_record(teacher, [rs[0], rs[0]], [ctx[0], ctx[2]])
-    assert two["teacher_context_pairs"] == 2 and two["teacher_context_gain"] == pytest.approx(context_gain(teacher, [tasks[0]] * 2, [ctx[0], ctx[2]]), abs=1e-9)
+    assert two["teacher_context_pairs"] == 2 and two["teacher_context_gain"] == pytest.approx(
+        context_gain(teacher, [tasks[0]] * 2, [ctx[0], ctx[2]]), abs=1e-9
+    )
 
 
 def test_failed_attempt_shift_scores_the_students_own_failed_actions(warmstarts):
@@ -152,17 +192,25 @@ def test_failed_attempt_shift_scores_the_students_own_failed_actions(warmstarts)
 
     run = _run(warmstarts["code"][0], "code")
     teacher = Teacher(run, "student")
-    rs = [dataclasses.replace(r, reward=rw) for r, rw in zip(_rollouts(run, 3), [0.0, 0.5, 1.0])]  # two failures, one success
+    rs = [
+        dataclasses.replace(r, reward=rw) for r, rw in zip(_rollouts(run, 3), [0.0, 0.5, 1.0])
+    ]  # two failures, one success
     ctx = [expert_trace(run.domain, r.task) for r in rs]
     items = [(r.task, c, r.episode.turns) for r, c in zip(rs[:2], ctx[:2])]
     with torch.no_grad():
-        expected = mean_agent_logprob(run.model, run.encoder, run.domain, items) - mean_agent_logprob(run.model, run.encoder, run.domain, [(t, None, tu) for t, _, tu in items])
+        expected = mean_agent_logprob(run.model, run.encoder, run.domain, items) - mean_agent_logprob(
+            run.model, run.encoder, run.domain, [(t, None, tu) for t, _, tu in items]
+        )
     shift = failed_attempt_shift(teacher, rs, ctx)
     assert shift["teacher_failed_attempts"] == 2 and shift["teacher_failed_shift"] == pytest.approx(expected, abs=1e-6)
-    assert failed_attempt_shift(teacher, rs, [None, None, ctx[2]]) == {}  # the success does not count; no context, nothing to score
+    assert (
+        failed_attempt_shift(teacher, rs, [None, None, ctx[2]]) == {}
+    )  # the success does not count; no context, nothing to score
     rec = gain_record(teacher, rs, ctx, ["a", "b", "b"])
     assert rec["teacher_failed_shift"] == shift["teacher_failed_shift"] and rec["teacher_failed_attempts"] == 2
-    assert rec["teacher_failed_attempts_a"] == 1 and rec["teacher_failed_attempts_b"] == 1  # per kind: b's success is left out
+    assert (
+        rec["teacher_failed_attempts_a"] == 1 and rec["teacher_failed_attempts_b"] == 1
+    )  # per kind: b's success is left out
 
 
 def test_skill_library_ucb1_and_summaries():
@@ -215,7 +263,9 @@ def test_context_gain_is_the_difference_of_expert_log_likelihoods(warmstarts):
     def mean_lp(with_ctx):
         tot, n = 0.0, 0
         for t, c in zip(tasks, ctx):
-            ids, mask = trajectory_ids(run.encoder, run.domain, t, c if with_ctx else None, run.domain.expert_trajectory(t).turns)
+            ids, mask = trajectory_ids(
+                run.encoder, run.domain, t, c if with_ctx else None, run.domain.expert_trajectory(t).turns
+            )
             x = torch.tensor([ids])
             lp, _ = token_logprobs(run.model, x, torch.ones_like(x))
             m = torch.tensor([mask[1:]], dtype=torch.float32)

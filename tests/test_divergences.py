@@ -40,9 +40,13 @@ def test_topk_tail_with_student_support_matches_trl_sdpo(m):
     from trl.experimental.sdpo.loss_utils import compute_topk_self_distillation_loss
 
     s, t = _logits(2)
-    ref = compute_topk_self_distillation_loss(s, t, distillation_topk=m, distillation_alpha=1.0, distillation_add_tail=True)
+    ref = compute_topk_self_distillation_loss(
+        s, t, distillation_topk=m, distillation_alpha=1.0, distillation_add_tail=True
+    )
     assert torch.allclose(topk_tail(s, t, m, support="student"), ref, atol=1e-5)
-    ref_fwd = compute_topk_self_distillation_loss(s, t, distillation_topk=m, distillation_alpha=0.0, distillation_add_tail=True)
+    ref_fwd = compute_topk_self_distillation_loss(
+        s, t, distillation_topk=m, distillation_alpha=0.0, distillation_add_tail=True
+    )
     assert torch.allclose(topk_tail(s, t, m, support="student", reverse=False), ref_fwd, atol=1e-5)
 
 
@@ -97,7 +101,10 @@ def test_token_mean_and_bad_names():
 
 
 def test_sampled_token_reverse_kl_matches_trl_sdpo_sampled_token_path():
-    from trl.experimental.sdpo.loss_utils import apply_importance_sampling_clipping, compute_sampled_token_self_distillation_loss
+    from trl.experimental.sdpo.loss_utils import (
+        apply_importance_sampling_clipping,
+        compute_sampled_token_self_distillation_loss,
+    )
 
     from methods.divergences import sampled_token_reverse_kl
 

@@ -46,4 +46,6 @@ def test_suite_env_has_every_import_at_pyproject_pins():
     dists = packages_distributions()
     for name in sorted(_third_party_imports()):
         owners = {d.lower() for d in dists.get(name, [])}
-        assert owners & set(conda_env), f"{name} is imported by the package but no distribution of it is in envs/suite.yaml"
+        assert owners & set(conda_env), (
+            f"{name} is imported by the package but no distribution of it is in envs/suite.yaml"
+        )

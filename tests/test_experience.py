@@ -31,7 +31,12 @@ def test_encoder_matches_sentence_transformers(encoder):
 
     from methods.experience.encoder import default_model_path
 
-    texts = ["env: bank-3\ntools: bal(id) put(n,id)\nDeposit 40 for Mara Velk.", "def f(xs):\n    return [x * 3 for x in xs]", "short", "a " * 400]
+    texts = [
+        "env: bank-3\ntools: bal(id) put(n,id)\nDeposit 40 for Mara Velk.",
+        "def f(xs):\n    return [x * 3 for x in xs]",
+        "short",
+        "a " * 400,
+    ]
     ref = SentenceTransformer(str(default_model_path()), device="cpu").encode(texts, normalize_embeddings=True)
     got = encoder.encode(texts)
     assert got.shape == (4, 384)

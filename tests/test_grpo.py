@@ -43,7 +43,16 @@ def test_a_step_without_reward_variance_leaves_the_policy_untouched(warmstarts, 
         return ep
 
     domain.reset = reset_zero
-    run = RunContext(model=model, tokenizer=tok, encoder=ChatEncoder(tok), domain=domain, train_cfg=cfg, ledger=Ledger(cfg.rollout_budget), seed=0, device=torch.device("cpu"))
+    run = RunContext(
+        model=model,
+        tokenizer=tok,
+        encoder=ChatEncoder(tok),
+        domain=domain,
+        train_cfg=cfg,
+        ledger=Ledger(cfg.rollout_budget),
+        seed=0,
+        device=torch.device("cpu"),
+    )
     before = {k: v.clone() for k, v in model.state_dict().items()}
     cls = get_method("grpo")
     train(cls(cls.Config(), run), run, tmp_path)

@@ -9,7 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from methods.lopd.composer import item_text
-from methods.lopd.margin import anchor_penalty, composer_objective, dual_update, privileged_margin, rollout_means, token_delta
+from methods.lopd.margin import (
+    anchor_penalty,
+    composer_objective,
+    dual_update,
+    privileged_margin,
+    rollout_means,
+    token_delta,
+)
 from methods.lopd.method import LOPDConfig, fill
 
 # --------------------------------------------------------------------------- margin (pure)
@@ -97,7 +104,16 @@ def test_composer_objective_combines_the_terms():
 
 @pytest.mark.parametrize(
     "bad",
-    [{"teacher_source": "ema", "ema_rate": 0.1}, {"fill_missing": "pad"}, {"n_latents": 0}, {"n_retrieve": 0}, {"margin": -0.1}, {"composer_lr": 0.0}, {"topk": 0}, {"divergence": "kl"}],
+    [
+        {"teacher_source": "ema", "ema_rate": 0.1},
+        {"fill_missing": "pad"},
+        {"n_latents": 0},
+        {"n_retrieve": 0},
+        {"margin": -0.1},
+        {"composer_lr": 0.0},
+        {"topk": 0},
+        {"divergence": "kl"},
+    ],
 )
 def test_bad_lopd_config_is_rejected(bad):
     with pytest.raises(ValueError):
@@ -128,7 +144,18 @@ def lopd_run(warmstarts, seeded_banks, tmp_path):
     ws_path, _ = warmstarts["tooluse"]
     model, tok = load_policy(ws_path / "model")
     domain = varied_reward_domain(get_domain("tooluse", seed=0))
-    run = RunContext(model=model, tokenizer=tok, encoder=ChatEncoder(tok), domain=domain, train_cfg=train_cfg, ledger=Ledger(train_cfg.rollout_budget), seed=0, device=torch.device("cpu"), warmstart_path=ws_path, out_dir=tmp_path)
+    run = RunContext(
+        model=model,
+        tokenizer=tok,
+        encoder=ChatEncoder(tok),
+        domain=domain,
+        train_cfg=train_cfg,
+        ledger=Ledger(train_cfg.rollout_budget),
+        seed=0,
+        device=torch.device("cpu"),
+        warmstart_path=ws_path,
+        out_dir=tmp_path,
+    )
     run.extra["bank_path"] = seeded_banks["tooluse"]
     return run
 
@@ -145,7 +172,9 @@ def _batch(run, n=6):
 
     tasks = run.domain.tasks("train", 200)[100 : 100 + n]
     g = torch.Generator().manual_seed(0)
-    rollouts = run_episodes(run.model, run.encoder, run.domain, tasks, [None] * n, run.train_cfg.sampling(), generator=g)
+    rollouts = run_episodes(
+        run.model, run.encoder, run.domain, tasks, [None] * n, run.train_cfg.sampling(), generator=g
+    )
     for r in rollouts[: n // 2]:  # make half of them successes, so every term of the composer loss is live
         r.reward = 1.0
     return collate(rollouts, list(range(n)), run.encoder.pad_id)
@@ -296,7 +325,9 @@ def test_ablation_variants_resolve_to_the_one_module_with_their_overrides():
     cfg = _config()
     job = resolve_job(cfg, "tooluse", "lopd_m0")
     assert job["method"] == "lopd" and job["run_name"] == "lopd_m0" and job["method_config"]["margin"] == 0.0
-    assert job["method_config"]["composer_lr"] == resolve_job(cfg, "tooluse", "lopd")["method_config"]["composer_lr"]  # profile overrides reach variants
+    assert (
+        job["method_config"]["composer_lr"] == resolve_job(cfg, "tooluse", "lopd")["method_config"]["composer_lr"]
+    )  # profile overrides reach variants
     assert "run_name" not in resolve_job(cfg, "tooluse", "grpo")  # Table 1's methods keep their job settings
     groups = cold_start_runs(cfg, "tooluse")
     assert set(groups["K32_J3"]) == {"lopd", "lopd_frozen", "lopd_m0", "lopd_m010"}
@@ -386,4 +417,3 @@ def test_lopd_logs_its_teacher_context_gain_once_and_it_changes_nothing_it_train
     one = m._latent_shift([(task, lat[0].detach(), ids[start:], mask[start:])])
     assert one == pytest.approx(float(logp(int(lat[0].shape[0])) - logp(0)), abs=1e-5)
     assert m.prepare(batch).get("teacher_context_gain") is None  # once per run
-

@@ -13,6 +13,9 @@ from hypothesis import strategies as st
 
 torch.set_num_threads(1)
 
+import verl.trainer.ppo.core_algos as core_algos  # noqa: E402  (a broken verl install must fail, not skip)
+import verl.workers.config as verl_config  # noqa: E402
+
 from methods.losses import (  # noqa: E402
     AGG_MODES,
     agg_loss,
@@ -20,9 +23,6 @@ from methods.losses import (  # noqa: E402
     masked_mean,
     ppo_clip_loss,
 )
-
-import verl.trainer.ppo.core_algos as core_algos  # noqa: E402  (a broken verl install must fail, not skip)
-import verl.workers.config as verl_config  # noqa: E402
 
 HYP = settings(max_examples=40, deadline=None, derandomize=True)
 
@@ -185,8 +185,9 @@ def test_ppo_dual_clip_is_exercised_and_optional():
     mask = torch.ones(1, 3)
     loss, m = ppo_clip_loss(logp, old, adv, mask)  # default clip_ratio_c = 3.0 (verl default)
     # token 0: ratio 5 -> -A*ratio = 5, dual clip caps at 3
-    ref, ref_m = core_algos.compute_policy_loss_vanilla(old, logp.detach(), adv[:, None].expand(1, 3), mask,
-                                                        config=make_actor_config(0.2, 0.2))
+    ref, ref_m = core_algos.compute_policy_loss_vanilla(
+        old, logp.detach(), adv[:, None].expand(1, 3), mask, config=make_actor_config(0.2, 0.2)
+    )
     torch.testing.assert_close(loss.detach(), ref)
     assert m["clipfrac_lower"] == pytest.approx(1 / 3) == ref_m["actor/pg_clipfrac_lower"]
     loss_nc, m_nc = ppo_clip_loss(logp, old, adv, mask, clip_ratio_c=None)
@@ -306,7 +307,9 @@ def test_masked_mean_ignores_masked_entries(shape, seed, dim):
     x = torch.randn(*shape, generator=gen)
     mask = torch.rand(*shape, generator=gen) < 0.5
     y = x.clone()
-    y[~mask] = torch.tensor([1e6, float("inf"), float("nan")])[torch.randint(0, 3, ((~mask).sum().item(),), generator=gen)]
+    y[~mask] = torch.tensor([1e6, float("inf"), float("nan")])[
+        torch.randint(0, 3, ((~mask).sum().item(),), generator=gen)
+    ]
     a, b = masked_mean(x, mask, dim), masked_mean(y, mask, dim)
     torch.testing.assert_close(a, b)
     assert torch.isfinite(b).all()
@@ -324,7 +327,11 @@ def test_loss_ignores_masked_tokens(inp, agg):
     noise = torch.randn(*logp.shape, generator=gen) * 5
     off = mask == 0
     l2, m2 = ppo_clip_loss(
-        torch.where(off, logp + noise, logp), torch.where(off, old - noise, old), torch.where(off, -adv * 9, adv), mask, agg=agg
+        torch.where(off, logp + noise, logp),
+        torch.where(off, old - noise, old),
+        torch.where(off, -adv * 9, adv),
+        mask,
+        agg=agg,
     )
     torch.testing.assert_close(l1, l2)
     assert m1 == pytest.approx(m2)

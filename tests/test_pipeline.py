@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-import yaml
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,14 +45,22 @@ def test_smoke_pipeline_writes_table1(tmp_path):
     configured = set(yaml.safe_load((tmp_path / "config" / "config.yaml").read_text())["methods"])
     assert set(df.method) == {"vanilla"} | configured  # every method of the config line-up is in Table 1
     rr = df[df.method == "retrieval_rl"]
-    assert (rr.pre_rollouts == 32).all() and (df[df.method == "grpo"].pre_rollouts == 0).all()  # the bank seed is recorded
-    assert (df[df.method != "vanilla"].n_seeds == 2).all() and (df[df.method == "vanilla"].n_seeds == 1).all()  # one base policy per domain
+    assert (rr.pre_rollouts == 32).all() and (
+        df[df.method == "grpo"].pre_rollouts == 0
+    ).all()  # the bank seed is recorded
+    assert (df[df.method != "vanilla"].n_seeds == 2).all() and (
+        df[df.method == "vanilla"].n_seeds == 1
+    ).all()  # one base policy per domain
     assert (tmp_path / "results" / "table1.md").exists()
     # the smoke profile's code warm start has the on-policy stage, its tool-use one is stage 1's
     smoke = tmp_path / "results" / "smoke"
     code_ws = json.loads((smoke / "warmstart" / "code" / "eval.json").read_text())
     tool_ws = json.loads((smoke / "warmstart" / "tooluse" / "eval.json").read_text())
-    assert code_ws["onpolicy_samples"] == 8 and "stage1_heldout_reward" in code_ws and code_ws["job"]["warmstart"]["onpolicy_steps"] == 2
+    assert (
+        code_ws["onpolicy_samples"] == 8
+        and "stage1_heldout_reward" in code_ws
+        and code_ws["job"]["warmstart"]["onpolicy_steps"] == 2
+    )
     assert "onpolicy_samples" not in tool_ws and tool_ws["stage1_dir"] == "results/smoke/warmstart_stage1/tooluse"
     summary = tmp_path / "results" / "smoke" / "runs" / "code" / "grpo" / "seed0" / "summary.json"
     assert summary.exists()
@@ -60,24 +68,42 @@ def test_smoke_pipeline_writes_table1(tmp_path):
     cfg = yaml.safe_load((tmp_path / "config" / "config.yaml").read_text())
     ab = pd.read_csv(tmp_path / "results" / "ablations.csv")
     assert set(ab.method) == {"lopd"} | set(cfg["ablations"]) and set(ab.domain) == set(cfg["ablation_domains"])
-    cold = {p.parent.parent.name for p in (tmp_path / "results" / "smoke" / "coldstart" / "tooluse").glob("*/seed0/composer.pt")}
+    cold = {
+        p.parent.parent.name
+        for p in (tmp_path / "results" / "smoke" / "coldstart" / "tooluse").glob("*/seed0/composer.pt")
+    }
     assert cold == {"K32_J3", "K8_J3", "K16_J3", "K32_J1"}
     dyn = pd.read_csv(tmp_path / "results" / "lopd_dynamics.csv")
     # (the smoke warm start solves nothing, so its banks stay empty and only β is ever logged as a number)
     assert "lopd_beta" in set(dyn.metric) and (tmp_path / "results" / "lopd_dynamics.png").exists()
     # the report gathers every table and figure, from these runs
     res_dir = tmp_path / "results"
-    for name in ("figures/sample_efficiency.png", "figures/sample_efficiency.pdf", "rollouts_to_target.csv", "improvement.csv", "behaviour.csv"):
+    for name in (
+        "figures/sample_efficiency.png",
+        "figures/sample_efficiency.pdf",
+        "rollouts_to_target.csv",
+        "improvement.csv",
+        "behaviour.csv",
+    ):
         assert (res_dir / name).stat().st_size > 0, name
     # OPSD, SDPO and SDFT log their teacher sanity check on step 1 of every run; Skill-SD only once
     # its tasks have skills, which a 2-step smoke run may never reach
     tc = pd.read_csv(res_dir / "teacher_check.csv")
     n = tc.groupby(["domain", "method"]).size()
-    assert {"opsd", "sdpo", "sdft"} <= set(tc.method) and (n[n.index.get_level_values(1) != "skill_sd"] == 2).all() and (n <= 2).all()
+    assert (
+        {"opsd", "sdpo", "sdft"} <= set(tc.method)
+        and (n[n.index.get_level_values(1) != "skill_sd"] == 2).all()
+        and (n <= 2).all()
+    )
     rep = (res_dir / "report.md").read_text()
     lopd_code = df[(df.domain == "code") & (df.method == "lopd")].iloc[0]
     assert f"LOPD {lopd_code['mean']:.3f}" in rep or "best mean LOPD" in rep
-    assert "![sample efficiency](figures/sample_efficiency.png)" in rep and "## Behaviour" in rep and "P(LOPD > GRPO)" in rep and "## Teacher sanity check" in rep
+    assert (
+        "![sample efficiency](figures/sample_efficiency.png)" in rep
+        and "## Behaviour" in rep
+        and "P(LOPD > GRPO)" in rep
+        and "## Teacher sanity check" in rep
+    )
     # every run of a domain starts from its one base policy; the runs of a method differ by RL seed only
     for p in (tmp_path / "results" / "smoke" / "runs").glob("*/*/seed*/summary.json"):
         s = json.loads(p.read_text())
@@ -85,7 +111,9 @@ def test_smoke_pipeline_writes_table1(tmp_path):
     # the test-bed checks: a row for every check on both domains (the smoke values need not pass)
     tb = pd.read_csv(res_dir / "testbed.csv")
     assert list(tb.columns) == ["domain", "check", "value", "threshold", "pass"]
-    assert set(tb.domain) == {"tooluse", "code"} and len(tb) == 2 * 6 and tb.groupby("domain").check.nunique().eq(6).all()
+    assert (
+        set(tb.domain) == {"tooluse", "code"} and len(tb) == 2 * 6 and tb.groupby("domain").check.nunique().eq(6).all()
+    )
     assert rep.index("## Test-bed validity") < rep.index("## Table 1")
     pr = pd.read_csv(res_dir / "paired.csv")
     assert set(pr.baseline) == {"grpo", "vanilla"} and (pr.n_seeds == 2).all() and "## Paired differences" in rep
@@ -105,8 +133,25 @@ def _check_shipped_base(tmp_path: Path, smoke: Path) -> None:
     job = resolve_job({**cfg, "profile": "smoke"}, "code")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     ship = subprocess.run(
-        [sys.executable, "-m", "methods.cli", "ship-base", "--job", json.dumps(job), "--seed", "0", "--warmstart", "results/smoke/warmstart/code", "--out", "results/base/smoke/code"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env,
+        [
+            sys.executable,
+            "-m",
+            "methods.cli",
+            "ship-base",
+            "--job",
+            json.dumps(job),
+            "--seed",
+            "0",
+            "--warmstart",
+            "results/smoke/warmstart/code",
+            "--out",
+            "results/base/smoke/code",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
     )
     assert ship.returncode == 0, ship.stderr
     built = (smoke / "warmstart" / "code" / "eval.json").read_bytes()
@@ -117,7 +162,9 @@ def _check_shipped_base(tmp_path: Path, smoke: Path) -> None:
     assert (smoke / "warmstart" / "code" / "eval.json").read_bytes() == built
     assert not (smoke / "warmstart_stage1" / "code").exists()  # installed, not trained
     # a changed setting makes the pipeline train the base policy again instead of installing it
-    dry = _snakemake(tmp_path, "results/smoke/warmstart/code/eval.json", "--config", "profile=smoke", "task_seed=1", "--dry-run")
+    dry = _snakemake(
+        tmp_path, "results/smoke/warmstart/code/eval.json", "--config", "profile=smoke", "task_seed=1", "--dry-run"
+    )
     assert "warmstart_stage1" in dry.stdout and "built with other settings task_seed" in dry.stderr
     res = _snakemake(tmp_path, "results/smoke/base_rebuild/code/check.json", "--config", "profile=smoke")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]

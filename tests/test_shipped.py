@@ -25,7 +25,9 @@ def _fake_base(path: Path, weights: bytes = b"\x00\x01weights") -> Path:
 def test_ship_install_round_trip_copies_every_byte(tmp_path):
     src = _fake_base(tmp_path / "built")
     m = shipped.ship(src, tmp_path / "base" / "p" / "code", JOB, 0, "code-v6", {"git": "x"})
-    assert set(m["files"]) == {"eval.json", "model/config.json", "model/model.safetensors"} and m["scores"] == {"heldout_reward": 0.25}
+    assert set(m["files"]) == {"eval.json", "model/config.json", "model/model.safetensors"} and m["scores"] == {
+        "heldout_reward": 0.25
+    }
     assert shipped.verify(tmp_path / "base" / "p" / "code") == []
     out = tmp_path / "ws"
     shipped.install(tmp_path / "base" / "p" / "code", out, JOB, 0, "code-v6")
@@ -40,7 +42,10 @@ def test_matches_names_what_differs(tmp_path):
     other = {**JOB, "warmstart": {"steps": 4}}
     assert shipped.matches("p", "code", other, 0, "code-v6", root=tmp_path) == (None, "settings warmstart.steps")
     assert "seed 0 (wanted 1)" in shipped.matches("p", "code", JOB, 1, "code-v6", root=tmp_path)[1]
-    assert "domain version code-v6 (tasks are now code-v7)" in shipped.matches("p", "code", JOB, 0, "code-v7", root=tmp_path)[1]
+    assert (
+        "domain version code-v6 (tasks are now code-v7)"
+        in shipped.matches("p", "code", JOB, 0, "code-v7", root=tmp_path)[1]
+    )
 
 
 def test_install_refuses_a_tampered_or_mismatched_base_and_writes_nothing(tmp_path):

@@ -13,9 +13,21 @@ from analysis.table1 import MixedRunsError, load_runs, main, table
 def _write_run(tmp, domain, method, seed, value, budget=64, version="v1", used=None):
     d = tmp / domain / method / f"seed{seed}"
     d.mkdir(parents=True)
-    s = {"domain": domain, "method": method, "seed": seed, "domain_version": version, "final": {"heldout_reward": value}, "ledger": {"rollout_budget": budget, "rollouts": used if used is not None else budget}}
+    s = {
+        "domain": domain,
+        "method": method,
+        "seed": seed,
+        "domain_version": version,
+        "final": {"heldout_reward": value},
+        "ledger": {"rollout_budget": budget, "rollouts": used if used is not None else budget},
+    }
     (d / "summary.json").write_text(json.dumps(s))
-    (d / "metrics.jsonl").write_text(json.dumps({"kind": "eval", "step": 0, "rollouts": 0, "heldout_reward": value / 2}) + "\n" + json.dumps({"kind": "eval", "step": 4, "rollouts": budget, "heldout_reward": value}) + "\n")
+    (d / "metrics.jsonl").write_text(
+        json.dumps({"kind": "eval", "step": 0, "rollouts": 0, "heldout_reward": value / 2})
+        + "\n"
+        + json.dumps({"kind": "eval", "step": 4, "rollouts": budget, "heldout_reward": value})
+        + "\n"
+    )
     return str(d / "summary.json")
 
 
@@ -35,14 +47,43 @@ def test_table_rows_and_files(tmp_path):
     runs = [_write_run(tmp_path, "code", "grpo", s, v) for s, v in [(0, 0.4), (1, 0.5), (2, 0.6)]]
     van = [_write_vanilla(tmp_path, "code", s, v) for s, v in [(0, 0.3), (1, 0.3), (2, 0.4)]]
     out = tmp_path / "out"
-    main(["--vanilla", *van, "--runs", *runs, "--out-csv", str(out / "t.csv"), "--out-md", str(out / "t.md"), "--out-curves", str(out / "c.csv")])
+    main(
+        [
+            "--vanilla",
+            *van,
+            "--runs",
+            *runs,
+            "--out-csv",
+            str(out / "t.csv"),
+            "--out-md",
+            str(out / "t.md"),
+            "--out-curves",
+            str(out / "c.csv"),
+        ]
+    )
     import pandas as pd
 
     df = pd.read_csv(out / "t.csv")
-    assert list(df.columns) == ["domain", "method", "metric", "mean", "ci_low", "ci_high", "n_seeds", "rollout_budget", "pre_rollouts"]
+    assert list(df.columns) == [
+        "domain",
+        "method",
+        "metric",
+        "mean",
+        "ci_low",
+        "ci_high",
+        "n_seeds",
+        "rollout_budget",
+        "pre_rollouts",
+    ]
     assert list(df.method) == ["vanilla", "grpo"]
     g = df[df.method == "grpo"].iloc[0]
-    assert g["mean"] == pytest.approx(0.5) and g.ci_low < 0.5 < g.ci_high and g.n_seeds == 3 and g.rollout_budget == 64 and g.pre_rollouts == 0
+    assert (
+        g["mean"] == pytest.approx(0.5)
+        and g.ci_low < 0.5 < g.ci_high
+        and g.n_seeds == 3
+        and g.rollout_budget == 64
+        and g.pre_rollouts == 0
+    )
     curves = pd.read_csv(out / "c.csv")
     assert set(curves.rollouts) == {0, 64}
     assert "| code | grpo | 0.500 |" in (out / "t.md").read_text()

@@ -10,8 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tasks.base import get_domain, known_domains
-from tasks.tooluse import ToolUseDomain
-from tasks.tooluse import names
+from tasks.tooluse import ToolUseDomain, names
 from tasks.tooluse.generate import all_template_ids, task_for
 from tasks.tooluse.kinds import KINDS
 from tasks.tooluse.variants import N_TEST_VARIANTS, N_TRAIN_VARIANTS, make_variant
@@ -210,7 +209,9 @@ def test_lenient_quotes_and_spaces(domain, train):
         ep = domain.reset(task)
         for line in task.reference.splitlines()[:-1]:
             tool, args = line.split("(", 1)
-            quoted = " ,  ".join(f"'{a.strip()}'" if k % 2 else f'"{a.strip()}"' for k, a in enumerate(args[:-1].split(",")))
+            quoted = " ,  ".join(
+                f"'{a.strip()}'" if k % 2 else f'"{a.strip()}"' for k, a in enumerate(args[:-1].split(","))
+            )
             assert not ep.step(f"  {tool} ( {quoted} )  ").observation.startswith("error:")
         ep.step("done")
         assert ep.reward() == 1.0
@@ -433,7 +434,9 @@ def test_the_imperfect_demonstrator_recovers_from_rule_errors_as_often_as_told(d
         acts = [t.action for t in ep.turns]
         moved_on = False
         for k, turn in enumerate(ep.turns[:-1]):
-            rule_error = bool(turn.observation) and turn.observation.startswith("error:") and " needs " in turn.observation
+            rule_error = (
+                bool(turn.observation) and turn.observation.startswith("error:") and " needs " in turn.observation
+            )
             # any other error only follows a skipped step (e.g. closing an account it did not empty)
             assert moved_on or not (turn.observation or "").startswith("error:") or rule_error, (acts, turn)
             if rule_error and acts[k] != "done":

@@ -46,16 +46,23 @@ def test_warmstart_never_shows_a_test_prompt_or_test_names(domain):
     if domain.name == "code":
         # warm-start projects are never train or test projects, but they use every
         # (template, constants) pair, the test split's held-out ones included
-        from tasks.code.generator import _combos_by_split, _key
         from tasks.code.families import TEMPLATES
+        from tasks.code.generator import _combos_by_split, _key
 
         by_name = {t.name: t for t in TEMPLATES}
-        held_out = {(n, _key(c)) for n, tm in by_name.items() if len(tm.combos()) >= 3 for c in _combos_by_split(tm)["test"]}
+        held_out = {
+            (n, _key(c)) for n, tm in by_name.items() if len(tm.combos()) >= 3 for c in _combos_by_split(tm)["test"]
+        }
         with_constants = [t for t in ws if len(by_name[t.template_id].combos()) >= 3]
-        share = sum((t.template_id, _key(t.payload["params"])) in held_out for t in with_constants) / len(with_constants)
+        share = sum((t.template_id, _key(t.payload["params"])) in held_out for t in with_constants) / len(
+            with_constants
+        )
         assert share > 0.1, share  # ~0.19: held-out pairs are drawn like any other
         train = domain.tasks("train", 2000)
-        assert not {(t.template_id, _key(t.payload["params"])) for t in train if len(by_name[t.template_id].combos()) >= 3} & held_out
+        assert (
+            not {(t.template_id, _key(t.payload["params"])) for t in train if len(by_name[t.template_id].combos()) >= 3}
+            & held_out
+        )
     else:
         from tasks.tooluse.names import words
 
@@ -71,9 +78,15 @@ def test_warmstart_never_shows_a_test_prompt_or_test_names(domain):
 #: fingerprint of the first 200 train and 200 test tasks per domain version.  The
 #: methods' world must not move under a version: change the data, bump the version
 #: (code-v3 changed only the warm-start split, so its train/test equal code-v2's).
-SPLIT_FINGERPRINTS = {"tooluse-v2": "c461d8bc24830ade", "code-v2": "b6ae8d24f05ccc7c", "code-v3": "b6ae8d24f05ccc7c",
-                      "tooluse-v3": "1f1bbc35d21e027c", "code-v4": "e2845f3525875950",
-                      "code-v5": "e2845f3525875950", "code-v6": "e2845f3525875950"}  # v5, v6: the same tasks, two attempts, named tests
+SPLIT_FINGERPRINTS = {
+    "tooluse-v2": "c461d8bc24830ade",
+    "code-v2": "b6ae8d24f05ccc7c",
+    "code-v3": "b6ae8d24f05ccc7c",
+    "tooluse-v3": "1f1bbc35d21e027c",
+    "code-v4": "e2845f3525875950",
+    "code-v5": "e2845f3525875950",
+    "code-v6": "e2845f3525875950",
+}  # v5, v6: the same tasks, two attempts, named tests
 
 
 def test_train_and_test_splits_are_pinned_by_the_version(domain):
@@ -82,8 +95,14 @@ def test_train_and_test_splits_are_pinned_by_the_version(domain):
     h = hashlib.sha256()
     for split in ("train", "test"):
         for t in domain.tasks(split, 200):
-            h.update((t.prompt + "\x00" + t.reference + "\x00" + repr(t.payload.get("tests", t.payload.get("checks")))).encode())
-    assert h.hexdigest()[:16] == SPLIT_FINGERPRINTS[domain.version], "train/test data changed: bump the domain's version"
+            h.update(
+                (
+                    t.prompt + "\x00" + t.reference + "\x00" + repr(t.payload.get("tests", t.payload.get("checks")))
+                ).encode()
+            )
+    assert h.hexdigest()[:16] == SPLIT_FINGERPRINTS[domain.version], (
+        "train/test data changed: bump the domain's version"
+    )
 
 
 def test_unknown_split_lists_the_known_ones(domain):
@@ -184,7 +203,9 @@ def test_failed_attempts_fail_and_carry_the_environments_feedback(domain):
     for tid, (turns, fb) in failed.items():
         clean = by_id[tid].turns
         assert fb and 1 <= len(turns) <= len(clean)
-        assert [t.action for t in turns[:-1]] == [t.action for t in clean[: len(turns) - 1]] and turns[-1].action != clean[len(turns) - 1].action
+        assert [t.action for t in turns[:-1]] == [t.action for t in clean[: len(turns) - 1]] and turns[
+            -1
+        ].action != clean[len(turns) - 1].action
         replay = domain.reset(by_id[tid].task)
         for t in turns:
             domain.step_batch([replay], [t.action])
@@ -236,7 +257,10 @@ def test_demonstrations_without_context_come_from_the_imperfect_demonstrator(dem
     if demo_recovery is None:
         want = [trajectory_ids(enc, domain, e.task, None, e.turns) for e in eps]
     else:
-        want = [trajectory_ids(enc, domain, e.task, None, domain.imperfect_trajectory(e.task, random.Random(1), 0.0).turns) for e in eps]
+        want = [
+            trajectory_ids(enc, domain, e.task, None, domain.imperfect_trajectory(e.task, random.Random(1), 0.0).turns)
+            for e in eps
+        ]
         assert want != [trajectory_ids(enc, domain, e.task, None, e.turns) for e in eps]  # it does make mistakes here
     assert [tuple(map(tuple, x)) for x in got] == [tuple(map(tuple, x)) for x in want]
     with pytest.raises(ValueError, match="demo_recovery"):

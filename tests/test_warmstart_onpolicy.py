@@ -53,7 +53,9 @@ def test_onpolicy_examples_are_the_methods_contexts_with_expert_targets(domain):
     examples = onpolicy_examples(domain, enc, samples, 3, expert, random.Random(0))
     group_of = {t.task_id: t.group_id for t in tasks}
     partners = {t.task_id: [u for u in tasks if u.group_id == t.group_id and u.task_id != t.task_id] for t in tasks}
-    assert len(examples) == n + sum(bool(p) for p in partners.values())  # one reprompt per task, a skill where the group has another task
+    assert len(examples) == n + sum(
+        bool(p) for p in partners.values()
+    )  # one reprompt per task, a skill where the group has another task
     k = 0
     for i, t in enumerate(tasks):
         prompt, target = _prompt_and_target(enc, examples[k])
@@ -94,24 +96,60 @@ def test_stage2_job_continues_stage1_or_passes_it_through_and_refuses_another_st
     from tests.conftest import tiny_configs
 
     model_cfg, ws_cfg, train_cfg = tiny_configs()
-    job = {"profile": "t", "domain": "code", "task_seed": 0, "domain_options": {}, "model": asdict(model_cfg), "train": asdict(train_cfg),
-           "warmstart": {**asdict(ws_cfg), "onpolicy_steps": 2, "onpolicy_tasks": 6, "onpolicy_group": 2}}
+    job = {
+        "profile": "t",
+        "domain": "code",
+        "task_seed": 0,
+        "domain_options": {},
+        "model": asdict(model_cfg),
+        "train": asdict(train_cfg),
+        "warmstart": {**asdict(ws_cfg), "onpolicy_steps": 2, "onpolicy_tasks": 6, "onpolicy_group": 2},
+    }
     off = {**job, "warmstart": {k: v for k, v in job["warmstart"].items() if not k.startswith("onpolicy_")}}
     common = ["--seed", "0", "--threads", "1"]
     cli.main(["warmstart", "--job", json.dumps(job), "--out", str(tmp_path / "s1"), *common])
     s1 = json.loads((tmp_path / "s1" / "eval.json").read_text())
-    assert s1["job"] == off and not any(k.startswith(("onpolicy", "stage1")) for k in s1)  # stage 1 only, and its job says so
+    assert s1["job"] == off and not any(
+        k.startswith(("onpolicy", "stage1")) for k in s1
+    )  # stage 1 only, and its job says so
 
-    cli.main(["warmstart-stage2", "--job", json.dumps(job), "--stage1", str(tmp_path / "s1"), "--out", str(tmp_path / "on"), *common])
+    cli.main(
+        [
+            "warmstart-stage2",
+            "--job",
+            json.dumps(job),
+            "--stage1",
+            str(tmp_path / "s1"),
+            "--out",
+            str(tmp_path / "on"),
+            *common,
+        ]
+    )
     on = json.loads((tmp_path / "on" / "eval.json").read_text())
-    assert on["onpolicy_samples"] == 12 and on["onpolicy_examples"] > 0 and on["onpolicy_replay"] > 0 and on["job"] == job
-    assert on["stage1_heldout_reward"] == s1["heldout_reward"] and on["stage1_context_gain_own_solution"] == s1["context_gain_own_solution"]
+    assert (
+        on["onpolicy_samples"] == 12 and on["onpolicy_examples"] > 0 and on["onpolicy_replay"] > 0 and on["job"] == job
+    )
+    assert (
+        on["stage1_heldout_reward"] == s1["heldout_reward"]
+        and on["stage1_context_gain_own_solution"] == s1["context_gain_own_solution"]
+    )
     assert on["demos_warmstart_groups"] == s1["demos_warmstart_groups"] and on["wall_s"] > s1["wall_s"]
     trained = dict(load_policy(tmp_path / "on" / "model")[0].named_parameters())
     first = dict(load_policy(tmp_path / "s1" / "model")[0].named_parameters())
     assert any(not torch.equal(trained[k], first[k]) for k in first)  # stage 2 trained the policy
 
-    cli.main(["warmstart-stage2", "--job", json.dumps(off), "--stage1", str(tmp_path / "s1"), "--out", str(tmp_path / "off"), *common])
+    cli.main(
+        [
+            "warmstart-stage2",
+            "--job",
+            json.dumps(off),
+            "--stage1",
+            str(tmp_path / "s1"),
+            "--out",
+            str(tmp_path / "off"),
+            *common,
+        ]
+    )
     same = json.loads((tmp_path / "off" / "eval.json").read_text())
     assert {k: v for k, v in same.items() if k != "stage1_dir"} == s1 and same["stage1_dir"] == str(tmp_path / "s1")
     kept = dict(load_policy(tmp_path / "off" / "model")[0].named_parameters())
@@ -119,9 +157,32 @@ def test_stage2_job_continues_stage1_or_passes_it_through_and_refuses_another_st
 
     other = {**job, "warmstart": {**job["warmstart"], "steps": ws_cfg.steps + 1}}
     with pytest.raises(SystemExit, match="other settings \\(warmstart\\)"):
-        cli.main(["warmstart-stage2", "--job", json.dumps(other), "--stage1", str(tmp_path / "s1"), "--out", str(tmp_path / "x"), *common])
+        cli.main(
+            [
+                "warmstart-stage2",
+                "--job",
+                json.dumps(other),
+                "--stage1",
+                str(tmp_path / "s1"),
+                "--out",
+                str(tmp_path / "x"),
+                *common,
+            ]
+        )
     with pytest.raises(SystemExit, match="seed 0 \\(wanted 1\\)"):
-        cli.main(["warmstart-stage2", "--job", json.dumps(job), "--stage1", str(tmp_path / "s1"), "--out", str(tmp_path / "x"), "--seed", "1"])
+        cli.main(
+            [
+                "warmstart-stage2",
+                "--job",
+                json.dumps(job),
+                "--stage1",
+                str(tmp_path / "s1"),
+                "--out",
+                str(tmp_path / "x"),
+                "--seed",
+                "1",
+            ]
+        )
     assert not (tmp_path / "x").exists()
 
 
@@ -135,7 +196,10 @@ def test_continue_warm_start_needs_the_stage_on():
 def test_a_checkpoint_model_has_no_onpolicy_stage():
     from methods.core.config import resolve_job
 
-    cfg = {"profile": "p", "profiles": {"p": {"model": {"checkpoint": "/models/x"}, "warmstart": {"onpolicy_steps": 5}}}}
+    cfg = {
+        "profile": "p",
+        "profiles": {"p": {"model": {"checkpoint": "/models/x"}, "warmstart": {"onpolicy_steps": 5}}},
+    }
     with pytest.raises(ValueError, match="model.checkpoint is its own warm start"):
         resolve_job(cfg, "code")
 
@@ -146,4 +210,7 @@ def test_an_onpolicy_stage_that_is_off_leaves_the_job_unchanged():
     base = {"profile": "small", "profiles": {"small": {"warmstart": {"n_demos": 100}}}}
     assert not any(k.startswith("onpolicy") for k in resolve_job(base, "code")["warmstart"])
     on = {"profile": "small", "profiles": {"small": {"warmstart": {"n_demos": 100, "onpolicy_steps": 5}}}}
-    assert resolve_job(on, "code")["warmstart"]["onpolicy_steps"] == 5 and "onpolicy_lr" in resolve_job(on, "code")["warmstart"]
+    assert (
+        resolve_job(on, "code")["warmstart"]["onpolicy_steps"] == 5
+        and "onpolicy_lr" in resolve_job(on, "code")["warmstart"]
+    )

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 
@@ -59,7 +59,9 @@ def collate(rollouts: Sequence[Rollout], group_index: Sequence[int], pad_id: int
     )
 
 
-def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of each next token under softmax(logits / temperature), and those scaled logits.
 
     Returns ``(logp [N, T-1], logits [N, T-1, V])``; gradients flow if enabled.
@@ -73,7 +75,9 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     return logp, logits
 
 
-def pad_examples(examples: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def pad_examples(
+    examples: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-pad ``[(ids, agent_mask)]`` into ``ids``/``attn`` [B, T] and the next-token mask [B, T-1]."""
     width = max(len(ids) for ids, _ in examples)
     ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
@@ -93,11 +97,15 @@ def agent_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, m
     vocabulary: the agent's tokens are a small share of a sequence (the prompt
     and the tool outputs are the rest).
     """
-    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state[:, :-1]
+    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state[
+        :, :-1
+    ]
     return model.get_output_embeddings()(hidden[mask.bool()]).float()
 
 
-def agent_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def agent_token_logprobs(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`token_logprobs` restricted to the agent's tokens.
 
     Returns ``(logp [N, T-1], logits [n, V])``: ``logp`` is the log-prob of each

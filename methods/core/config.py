@@ -135,7 +135,21 @@ def bank_settings(prof: dict[str, Any]) -> dict[str, Any]:
     return asdict(make_config(BankConfig, prof.get("bank"), "bank"))
 
 
-COLD_START_FIELDS = ("n_latents", "n_retrieve", "fill_missing", "qformer_layers", "qformer_heads", "lora_r", "lora_alpha", "max_item_tokens", "allow_self_retrieval", "cold_start_steps", "cold_start_lr", "cold_start_batch", "cold_start_holdout")
+COLD_START_FIELDS = (
+    "n_latents",
+    "n_retrieve",
+    "fill_missing",
+    "qformer_layers",
+    "qformer_heads",
+    "lora_r",
+    "lora_alpha",
+    "max_item_tokens",
+    "allow_self_retrieval",
+    "cold_start_steps",
+    "cold_start_lr",
+    "cold_start_batch",
+    "cold_start_holdout",
+)
 
 
 def cold_start_runs(config: dict[str, Any], domain: str) -> dict[str, list[str]]:
@@ -153,7 +167,9 @@ def cold_start_runs(config: dict[str, Any], domain: str) -> dict[str, list[str]]
         if key in seen and seen[key] != fields:
             other = groups[key][0]
             diff = sorted(f for f in fields if fields[f] != seen[key][f])
-            raise ValueError(f"{name} and {other} share cold start {key} on {domain} but differ in {diff}; give them the same cold-start settings")
+            raise ValueError(
+                f"{name} and {other} share cold start {key} on {domain} but differ in {diff}; give them the same cold-start settings"
+            )
         seen.setdefault(key, fields)
         groups.setdefault(key, []).append(name)
     return groups
@@ -194,7 +210,9 @@ def validate(config: dict[str, Any]) -> None:
             raise ValueError(f"ablation_domains: {d!r} is not one of domains {config.get('domains')}")
     seeds = prof.get("seeds", [])
     if not seeds or any((not isinstance(s, int)) or s < 0 for s in seeds):
-        raise ValueError(f"profiles.{config.get('profile')}.seeds must be a non-empty list of non-negative integers, got {seeds}")
+        raise ValueError(
+            f"profiles.{config.get('profile')}.seeds must be a non-empty list of non-negative integers, got {seeds}"
+        )
     for d in config.get("domains", []):
         resolve_job(config, d)
         for m in entries:

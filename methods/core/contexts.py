@@ -4,7 +4,7 @@ and a method's teacher prompt cannot drift apart)."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from tasks.base import format_trace
 
@@ -37,7 +37,14 @@ def sdpo_context(sibling_trace: str | None, feedback: str | None) -> str | None:
     return "\n\n".join(parts) or None
 
 
-def sdpo_parts(rollouts: Sequence, i: int, group: Sequence[int], threshold: float = 1.0, use_sibling: bool = True, use_feedback: bool = True) -> tuple[str | None, str | None]:
+def sdpo_parts(
+    rollouts: Sequence,
+    i: int,
+    group: Sequence[int],
+    threshold: float = 1.0,
+    use_sibling: bool = True,
+    use_feedback: bool = True,
+) -> tuple[str | None, str | None]:
     """The two parts of SDPO's teacher context for ``rollouts[i]``: the trace of the first
     successful rollout among ``group`` (indices of the same task's rollouts; never ``i``
     itself), and, if ``rollouts[i]`` failed, the environment's feedback on it (None: absent)."""
@@ -50,7 +57,14 @@ def sdpo_parts(rollouts: Sequence, i: int, group: Sequence[int], threshold: floa
     return sibling, feedback
 
 
-def sdpo_reprompt(rollouts: Sequence, i: int, group: Sequence[int], threshold: float = 1.0, use_sibling: bool = True, use_feedback: bool = True) -> str | None:
+def sdpo_reprompt(
+    rollouts: Sequence,
+    i: int,
+    group: Sequence[int],
+    threshold: float = 1.0,
+    use_sibling: bool = True,
+    use_feedback: bool = True,
+) -> str | None:
     """SDPO's teacher context for ``rollouts[i]`` (:func:`sdpo_parts` joined by :func:`sdpo_context`).  None: no signal."""
     return sdpo_context(*sdpo_parts(rollouts, i, group, threshold, use_sibling, use_feedback))
 

@@ -28,8 +28,8 @@ context, and the method has nothing to distil.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -100,7 +100,9 @@ class SelfDistillation(Method):
         contexts, kinds = self.teacher_contexts_and_kinds(batch)
         scores = self.teacher.score(batch.rollouts, contexts, self.run.train_cfg.temperature)
         batch.extras["teacher_logits"] = scores
-        signal = torch.tensor([s is not None and c is not None for s, c in zip(scores, contexts)], device=batch.rewards.device)
+        signal = torch.tensor(
+            [s is not None and c is not None for s, c in zip(scores, contexts)], device=batch.rewards.device
+        )
         batch.extras["has_signal"] = signal
         out = {"signal_share": float(signal.float().mean())}
         if not self._gain_logged:
@@ -136,12 +138,18 @@ def checked_gain(method: str, gain: float) -> float:
     context does not raise the expert actions' likelihood under the teacher (then the
     method has little to distil, and the warm start cannot read that kind of context)."""
     if gain <= 0:
-        print(f"[{method}] warning: the teacher's privileged context changes the expert actions' log-likelihood by {gain:+.4f} nats/token "
-              "(<= 0): the warm start cannot use this context, so distillation has little to give", file=sys.stderr, flush=True)
+        print(
+            f"[{method}] warning: the teacher's privileged context changes the expert actions' log-likelihood by {gain:+.4f} nats/token "
+            "(<= 0): the warm start cannot use this context, so distillation has little to give",
+            file=sys.stderr,
+            flush=True,
+        )
     return gain
 
 
-def gain_record(teacher: Teacher, rollouts: Sequence, contexts: Sequence[str | None], kinds: Sequence[str | None] | None = None) -> dict[str, float]:
+def gain_record(
+    teacher: Teacher, rollouts: Sequence, contexts: Sequence[str | None], kinds: Sequence[str | None] | None = None
+) -> dict[str, float]:
     """The sanity check on a step's own contexts: :func:`context_gain` over the distinct
     (task, context) pairs of ``rollouts`` (``teacher_context_gain``, ``teacher_context_pairs``)
     and, given each context's kind, the same per kind (``teacher_context_gain_<kind>``,
@@ -177,7 +185,9 @@ def failed_attempt_shift(teacher: Teacher, rollouts: Sequence, contexts: Sequenc
     ~0 means the teacher ignores the context (nothing to distil) and a large drop means it reacts
     to it; :func:`context_gain` says whether the reaction points to the right actions."""
     items = [(r.task, c, r.episode.turns) for r, c in zip(rollouts, contexts) if c is not None and r.reward < 1.0]
-    return {"teacher_failed_shift": _context_shift(teacher, items), "teacher_failed_attempts": len(items)} if items else {}
+    return (
+        {"teacher_failed_shift": _context_shift(teacher, items), "teacher_failed_attempts": len(items)} if items else {}
+    )
 
 
 def context_gain(teacher: Teacher, tasks: Sequence[Task], contexts: Sequence[str | None]) -> float:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -34,7 +34,9 @@ def summarize(rollouts: Sequence[Rollout], prefix: str = "heldout_") -> dict[str
         f"{prefix}first_response_tokens": sum(_first_response_len(r) for r in rollouts) / n,
     }
     infos = [r.episode.info() for r in rollouts]
-    for key in sorted({k for i in infos for k, v in i.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}):
+    for key in sorted(
+        {k for i in infos for k, v in i.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    ):
         out[f"{prefix}{key}"] = sum(float(i.get(key, 0)) for i in infos) / n
     return out
 

@@ -16,8 +16,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-
-PASS_FIELDS = ("rollout_tokens", "student_fwd_tokens", "student_bwd_tokens", "teacher_bwd_tokens", "composer_fwd_tokens", "composer_bwd_tokens")
+PASS_FIELDS = (
+    "rollout_tokens",
+    "student_fwd_tokens",
+    "student_bwd_tokens",
+    "teacher_bwd_tokens",
+    "composer_fwd_tokens",
+    "composer_bwd_tokens",
+)
 
 
 @dataclass

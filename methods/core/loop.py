@@ -52,7 +52,9 @@ class TrainConfig:
     temperature: float = 1.0  # sampling temperature of training rollouts
     max_new_tokens: int = 48  # per assistant turn
     max_seq_len: int = 1024
-    eval_every: int = 320  # rollouts between held-out evaluations (also at 0 and at the end); a multiple of rollouts_per_step
+    eval_every: int = (
+        320  # rollouts between held-out evaluations (also at 0 and at the end); a multiple of rollouts_per_step
+    )
     eval_episodes: int = 200
     # held-out episodes of the evaluations between the first and the last (the first ones of the
     # eval_episodes tasks): the curves' inner points.  None: eval_episodes.  The first and the
@@ -63,7 +65,17 @@ class TrainConfig:
     recompute_old_logp: bool = False  # True: PPO's old log-probs from a training-mode forward instead of the sampler's
 
     def __post_init__(self):
-        positive = ["rollout_budget", "rollouts_per_step", "ppo_epochs", "minibatch_rollouts", "max_new_tokens", "max_seq_len", "eval_every", "eval_episodes", "checkpoint_every"]
+        positive = [
+            "rollout_budget",
+            "rollouts_per_step",
+            "ppo_epochs",
+            "minibatch_rollouts",
+            "max_new_tokens",
+            "max_seq_len",
+            "eval_every",
+            "eval_episodes",
+            "checkpoint_every",
+        ]
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
@@ -72,9 +84,13 @@ class TrainConfig:
         if self.grad_clip <= 0 or self.weight_decay < 0:
             raise ValueError("train.grad_clip must be > 0 and train.weight_decay >= 0")
         if self.curve_eval_episodes is not None and not (1 <= self.curve_eval_episodes <= self.eval_episodes):
-            raise ValueError(f"train.curve_eval_episodes must be null or in [1, eval_episodes ({self.eval_episodes})], got {self.curve_eval_episodes}")
+            raise ValueError(
+                f"train.curve_eval_episodes must be null or in [1, eval_episodes ({self.eval_episodes})], got {self.curve_eval_episodes}"
+            )
         if self.eval_every % self.rollouts_per_step:
-            raise ValueError(f"train.eval_every ({self.eval_every}) must be a multiple of train.rollouts_per_step ({self.rollouts_per_step}), so that every method is evaluated at the same rollout counts")
+            raise ValueError(
+                f"train.eval_every ({self.eval_every}) must be a multiple of train.rollouts_per_step ({self.rollouts_per_step}), so that every method is evaluated at the same rollout counts"
+            )
         if self.temperature <= 0 or self.eval_temperature < 0:
             raise ValueError("train.temperature must be > 0 and train.eval_temperature >= 0")
 
@@ -155,7 +171,9 @@ class MetricsLog:
     def truncate_to_step(self, step: int) -> None:
         if not self.path.exists():
             return
-        keep = [ln for ln in self.path.read_text().splitlines() if (rec := _parse(ln)) is not None and rec["step"] <= step]
+        keep = [
+            ln for ln in self.path.read_text().splitlines() if (rec := _parse(ln)) is not None and rec["step"] <= step
+        ]
         _atomic_write_bytes(self.path, lambda f: f.write("".join(k + "\n" for k in keep).encode()))
 
     def write(self, record: dict[str, Any]) -> None:
@@ -193,7 +211,9 @@ def train(method: Method, run: RunContext, out_dir: Path, label: str = "", finge
     G = method.cfg.group_size
     for name in ("rollout_budget", "rollouts_per_step"):
         if getattr(cfg, name) % G:
-            raise ValueError(f"train.{name} ({getattr(cfg, name)}) must be a multiple of {method.name}.group_size ({G})")
+            raise ValueError(
+                f"train.{name} ({getattr(cfg, name)}) must be a multiple of {method.name}.group_size ({G})"
+            )
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sampler = TaskSampler(domain.tasks("train"), run.seed)
@@ -205,7 +225,9 @@ def train(method: Method, run: RunContext, out_dir: Path, label: str = "", finge
     if ckpt_path.exists():
         state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
         if state.get("fingerprint", "") != fingerprint:
-            _log(f"[{label}] {ckpt_path} belongs to another job (settings, warm start or code changed): starting afresh")
+            _log(
+                f"[{label}] {ckpt_path} belongs to another job (settings, warm start or code changed): starting afresh"
+            )
             ckpt_path.unlink()
             metrics.path.unlink(missing_ok=True)
     if ckpt_path.exists():
@@ -218,7 +240,9 @@ def train(method: Method, run: RunContext, out_dir: Path, label: str = "", finge
         torch.set_rng_state(state["torch_rng"])
         evals_done = state["evals_done"]
         metrics.truncate_to_step(ledger.steps)
-        _log(f"[{label}] resumed from {ckpt_path} at step {ledger.steps}, {ledger.rollouts}/{ledger.rollout_budget} rollouts")
+        _log(
+            f"[{label}] resumed from {ckpt_path} at step {ledger.steps}, {ledger.rollouts}/{ledger.rollout_budget} rollouts"
+        )
     elif metrics.path.exists():
         metrics.path.unlink()  # a previous attempt died before its first checkpoint
 
@@ -245,12 +269,28 @@ def train(method: Method, run: RunContext, out_dir: Path, label: str = "", finge
         tasks = test_tasks[: cfg.curve_eval_episodes] if inner else test_tasks
         res = _base_eval(run, method, tasks, cfg) if ledger.rollouts == 0 else None
         if res is None:
-            res = evaluate(model, run.encoder, domain, tasks, cfg.sampling(eval=True), contexts_fn=method.student_contexts, seed=run.seed)
+            res = evaluate(
+                model,
+                run.encoder,
+                domain,
+                tasks,
+                cfg.sampling(eval=True),
+                contexts_fn=method.student_contexts,
+                seed=run.seed,
+            )
         evals_done.extend(due)
         ledger.add_eval_time(time.perf_counter() - t0)
-        rec = {"kind": "eval", "step": ledger.steps, **ledger.snapshot(), **res, "eval_s": round(time.perf_counter() - t0, 4)}
+        rec = {
+            "kind": "eval",
+            "step": ledger.steps,
+            **ledger.snapshot(),
+            **res,
+            "eval_s": round(time.perf_counter() - t0, 4),
+        }
         metrics.write(rec)
-        _log(f"[{label}] eval at {ledger.rollouts}/{ledger.rollout_budget} rollouts: heldout_reward {res['heldout_reward']:.3f}")
+        _log(
+            f"[{label}] eval at {ledger.rollouts}/{ledger.rollout_budget} rollouts: heldout_reward {res['heldout_reward']:.3f}"
+        )
         return rec
 
     model.train()
@@ -290,7 +330,9 @@ def train(method: Method, run: RunContext, out_dir: Path, label: str = "", finge
         metrics.write(rec)
         done_now = ledger.rollouts - r_start
         eta = (time.perf_counter() - t_start) / max(done_now, 1) * ledger.remaining
-        _log(f"[{label}] step {ledger.steps} rollouts {ledger.rollouts}/{ledger.rollout_budget} train_reward {rec['train_reward']:.3f} loss {step_metrics.get('loss', float('nan')):.4f} eta {eta:.0f}s")
+        _log(
+            f"[{label}] step {ledger.steps} rollouts {ledger.rollouts}/{ledger.rollout_budget} train_reward {rec['train_reward']:.3f} loss {step_metrics.get('loss', float('nan')):.4f} eta {eta:.0f}s"
+        )
         maybe_eval()
         if ledger.steps % cfg.checkpoint_every == 0 or ledger.remaining < G:
             ledger.tick()
@@ -316,7 +358,9 @@ def _base_eval(run: RunContext, method: Method, tasks: list[Task], cfg: TrainCon
     return {**{k: v for k, v in base.items() if k.startswith("heldout_")}, "eval_reused": True}
 
 
-def _update(method: Method, model, optimizer, batch: RolloutBatch, cfg: TrainConfig, ledger: Ledger) -> dict[str, float]:
+def _update(
+    method: Method, model, optimizer, batch: RolloutBatch, cfg: TrainConfig, ledger: Ledger
+) -> dict[str, float]:
     """PPO-style epochs over minibatches from the same old log-probs.
 
     The sampler already computed π_old of every sampled token, so by default no
@@ -325,7 +369,9 @@ def _update(method: Method, model, optimizer, batch: RolloutBatch, cfg: TrainCon
     """
     if cfg.recompute_old_logp:
         with torch.no_grad():
-            old_logp, _ = agent_token_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, cfg.temperature)
+            old_logp, _ = agent_token_logprobs(
+                model, batch.input_ids, batch.attention_mask, batch.loss_mask, cfg.temperature
+            )
         batch.extras["old_logp"] = old_logp
         ledger.add_passes(student_fwd_tokens=int(batch.attention_mask.sum()))
     else:
@@ -339,7 +385,9 @@ def _update(method: Method, model, optimizer, batch: RolloutBatch, cfg: TrainCon
             rows = active[start : start + cfg.minibatch_rollouts]
             ids, attn = batch.input_ids[rows], batch.attention_mask[rows]
             width = int(attn.sum(-1).max())  # trim right padding of this minibatch
-            logp, logits = agent_token_logprobs(model, ids[:, :width], attn[:, :width], rows_of(batch.loss_mask, rows, width - 1), cfg.temperature)
+            logp, logits = agent_token_logprobs(
+                model, ids[:, :width], attn[:, :width], rows_of(batch.loss_mask, rows, width - 1), cfg.temperature
+            )
             loss, m = method.loss(batch, rows, logp, logits)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

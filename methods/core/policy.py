@@ -31,7 +31,9 @@ class ModelConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}")
         if self.hidden_size % self.num_heads:
-            raise ValueError(f"model.hidden_size ({self.hidden_size}) must be divisible by model.num_heads ({self.num_heads})")
+            raise ValueError(
+                f"model.hidden_size ({self.hidden_size}) must be divisible by model.num_heads ({self.num_heads})"
+            )
 
 
 def build_policy(cfg: ModelConfig, tokenizer, seed: int) -> Qwen2ForCausalLM:

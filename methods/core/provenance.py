@@ -19,7 +19,13 @@ def git_commit() -> dict[str, Any]:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
         if head.returncode != 0:
             return {"commit": "unknown", "dirty": None}
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         return {"commit": head.stdout.strip(), "dirty": bool(dirty)}
     except (OSError, subprocess.SubprocessError):
         return {"commit": "unknown", "dirty": None}

@@ -17,8 +17,8 @@ reward, the environment feedback and the turn trace.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
@@ -183,7 +183,13 @@ class _Batch:
         """Feed ``ids`` [B, S]; ``real`` [B, S] is 1 on real tokens, 0 on padding."""
         pos = self.length + real.cumsum(-1) - 1
         self.attn = torch.cat([self.attn, real], dim=1)
-        out = self.model(input_ids=ids, attention_mask=self.attn, position_ids=pos.clamp(min=0), past_key_values=self.cache, use_cache=True)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=self.attn,
+            position_ids=pos.clamp(min=0),
+            past_key_values=self.cache,
+            use_cache=True,
+        )
         self.length = self.length + real.sum(-1, keepdim=True)
         self.logits = out.logits[:, -1, :]
 
@@ -281,7 +287,9 @@ def sample(
     Shapes: prompts are ragged lists; internally [B, T] left-padded with an
     attention mask and explicit position ids so that padding never shifts RoPE.
     """
-    tokens, logprobs, _ = _Batch(model, prompts, pad_id).decode(eos_id, max_new_tokens, temperature, generator, return_logprobs)
+    tokens, logprobs, _ = _Batch(model, prompts, pad_id).decode(
+        eos_id, max_new_tokens, temperature, generator, return_logprobs
+    )
     return (tokens, logprobs) if return_logprobs else tokens
 
 
@@ -299,7 +307,15 @@ def run_episodes(
     contexts = list(contexts) if contexts is not None else [None] * len(tasks)
     out: list[Rollout] = []
     for start in range(0, len(tasks), batch_size):
-        out += _run_chunk(model, encoder, domain, tasks[start : start + batch_size], contexts[start : start + batch_size], cfg, generator)
+        out += _run_chunk(
+            model,
+            encoder,
+            domain,
+            tasks[start : start + batch_size],
+            contexts[start : start + batch_size],
+            cfg,
+            generator,
+        )
     return out
 
 
@@ -322,7 +338,9 @@ def _run_chunk(model, encoder, domain, tasks, contexts, cfg, generator) -> list[
     batch = _Batch(model, [ids[i] for i in active], encoder.pad_id) if active else None
     while active:
         room = [cfg.max_seq_len - len(ids[i]) for i in active]
-        gens, gen_lp, unfed = batch.decode(encoder.eos_id, max(1, min(cfg.max_new_tokens, max(room))), cfg.temperature, generator, True)
+        gens, gen_lp, unfed = batch.decode(
+            encoder.eos_id, max(1, min(cfg.max_new_tokens, max(room))), cfg.temperature, generator, True
+        )
         actions = []
         for i, g, lp, r in zip(active, gens, gen_lp, room):
             g = g[: max(r, 0)]
@@ -342,7 +360,12 @@ def _run_chunk(model, encoder, domain, tasks, contexts, cfg, generator) -> list[
                 continue
             # a turn cut at max_new_tokens is closed as the chat format requires (not an agent token)
             close = [] if ids[i][-1] == encoder.eos_id else [encoder.eos_id]
-            nxt = close + encoder.after_assistant() + encoder.message("tool", res.observation or "") + encoder.header("assistant")
+            nxt = (
+                close
+                + encoder.after_assistant()
+                + encoder.message("tool", res.observation or "")
+                + encoder.header("assistant")
+            )
             if len(ids[i]) + len(nxt) >= cfg.max_seq_len:
                 truncated[i] = True
                 continue
@@ -356,7 +379,17 @@ def _run_chunk(model, encoder, domain, tasks, contexts, cfg, generator) -> list[
                 batch.select(keep)
             batch.extend(segments)
     return [
-        Rollout(task=t, context=c, ids=ids[i], agent_mask=masks[i], agent_logprobs=logps[i], reward=float(ep.reward()), feedback=ep.feedback(), episode=ep, truncated=truncated[i])
+        Rollout(
+            task=t,
+            context=c,
+            ids=ids[i],
+            agent_mask=masks[i],
+            agent_logprobs=logps[i],
+            reward=float(ep.reward()),
+            feedback=ep.feedback(),
+            episode=ep,
+            truncated=truncated[i],
+        )
         for i, (t, c, ep) in enumerate(zip(tasks, contexts, episodes))
     ]
 
@@ -366,7 +399,9 @@ def initial_prompt_ids(encoder: ChatEncoder, domain: TaskDomain, task: Task, con
     return _initial_ids(encoder, domain, task, context)
 
 
-def trajectory_ids(encoder: ChatEncoder, domain: TaskDomain, task: Task, context: str | None, turns, masked_turns=()) -> tuple[list[int], list[int]]:
+def trajectory_ids(
+    encoder: ChatEncoder, domain: TaskDomain, task: Task, context: str | None, turns, masked_turns=()
+) -> tuple[list[int], list[int]]:
     """Canonical ids and agent mask of a finished trajectory (e.g. an expert demonstration),
     laid out exactly as :func:`run_episodes` lays out a sampled one.  The actions of
     ``masked_turns`` (turn indices) stay in the sequence but out of the mask."""
@@ -377,7 +412,11 @@ def trajectory_ids(encoder: ChatEncoder, domain: TaskDomain, task: Task, context
         ids += act
         mask += [0 if k in masked_turns else 1] * len(act)
         if k + 1 < len(turns):
-            nxt = encoder.after_assistant() + encoder.message("tool", turn.observation or "") + encoder.header("assistant")
+            nxt = (
+                encoder.after_assistant()
+                + encoder.message("tool", turn.observation or "")
+                + encoder.header("assistant")
+            )
             ids += nxt
             mask += [0] * len(nxt)
     return ids, mask

@@ -88,7 +88,9 @@ def mismatch(manifest: dict[str, Any], job: dict[str, Any], seed: int, domain_ve
     return None
 
 
-def matches(profile: str, domain: str, job: dict[str, Any], seed: int, domain_version: str, root: Path | str = ".") -> tuple[Path | None, str | None]:
+def matches(
+    profile: str, domain: str, job: dict[str, Any], seed: int, domain_version: str, root: Path | str = "."
+) -> tuple[Path | None, str | None]:
     """(shipped directory, None) if a shipped base fits this job; (None, reason) if one exists but
     does not fit; (None, None) if none is shipped."""
     path = shipped_dir(profile, domain, root)
@@ -99,7 +101,9 @@ def matches(profile: str, domain: str, job: dict[str, Any], seed: int, domain_ve
     return (None, why) if why else (path, None)
 
 
-def ship(src: Path, dst: Path, job: dict[str, Any], seed: int, domain_version: str, provenance: dict[str, Any]) -> dict[str, Any]:
+def ship(
+    src: Path, dst: Path, job: dict[str, Any], seed: int, domain_version: str, provenance: dict[str, Any]
+) -> dict[str, Any]:
     """Copy a built base policy (``model/``, ``eval.json``) to ``dst`` and write its manifest."""
     src, dst = Path(src), Path(dst)
     tmp = dst.with_name(dst.name + ".tmp")
@@ -142,7 +146,9 @@ def install(path: Path, out: Path, job: dict[str, Any], seed: int, domain_versio
         raise ValueError(f"the shipped base policy {path} was built with other {why}")
     bad = verify(path)
     if bad:
-        raise ValueError(f"the shipped base policy {path} does not match its manifest: {', '.join(bad)} (rebuild it: see README)")
+        raise ValueError(
+            f"the shipped base policy {path} does not match its manifest: {', '.join(bad)} (rebuild it: see README)"
+        )
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "model.tmp"
     shutil.rmtree(tmp, ignore_errors=True)

@@ -22,7 +22,7 @@ run's ledger (``teacher_tokens``).
 from __future__ import annotations
 
 import copy
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -85,17 +85,25 @@ class Teacher:
         return prefix + rollout.ids[start:], [0] * len(prefix) + rollout.agent_mask[start:]
 
     @torch.no_grad()
-    def score(self, rollouts: Sequence[Rollout], contexts: Sequence[str | None], temperature: float = 1.0) -> list[torch.Tensor | None]:
+    def score(
+        self, rollouts: Sequence[Rollout], contexts: Sequence[str | None], temperature: float = 1.0
+    ) -> list[torch.Tensor | None]:
         """Teacher logits ``[n_i, V]`` at each rollout's agent tokens (None where the
         re-rendered sequence would exceed the model's positions: no signal there)."""
         model = self.model
         was_training = model.training
         model.eval()
-        out = self.score_sequences([self.sequences(r, c) for r, c in zip(rollouts, contexts)], lambda ids, attn, mask, rows: agent_logits(model, ids, attn, mask), temperature)
+        out = self.score_sequences(
+            [self.sequences(r, c) for r, c in zip(rollouts, contexts)],
+            lambda ids, attn, mask, rows: agent_logits(model, ids, attn, mask),
+            temperature,
+        )
         model.train(was_training)
         return out
 
-    def score_sequences(self, seqs, forward, temperature: float = 1.0, batch_size: int | None = None) -> list[torch.Tensor | None]:
+    def score_sequences(
+        self, seqs, forward, temperature: float = 1.0, batch_size: int | None = None
+    ) -> list[torch.Tensor | None]:
         """The batching of :meth:`score` for any teacher forward (LOPD's latent-conditioned one).
 
         ``seqs``: ``(ids, agent_mask)`` per rollout; ``forward(ids, attn, mask, rows)``

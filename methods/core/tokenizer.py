@@ -14,7 +14,7 @@ Qwen's, so a real Qwen checkpoint drops in with its own tokenizer.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast

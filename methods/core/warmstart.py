@@ -49,16 +49,16 @@ import math
 import random
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
 from tasks.base import Episode, Task, TaskDomain, format_trace
 
-from .evaluate import evaluate
 from .batch import agent_logits, pad_examples
 from .contexts import SKILL_MAX_CHARS, feedback_context, skill_summary
+from .evaluate import evaluate
 from .policy import ModelConfig, build_policy, count_parameters
 from .rollout import SamplingConfig, trajectory_ids
 from .tokenizer import ChatEncoder, train_tokenizer
@@ -74,13 +74,19 @@ class WarmStartConfig:
     warmup_steps: int = 50
     context_share: float = 0.3  # share of demonstrations that carry a context block
     same_task_share: float = 0.5  # of those, share whose context is the task's own solution (else a same-group example)
-    feedback_share: float = 0.0  # of those, share whose context is the feedback on a failed attempt at the task (SDPO's reprompt)
-    skill_share: float = 0.0  # of those, share whose context is a skill summary of a same-group episode (Skill-SD's skill)
+    feedback_share: float = (
+        0.0  # of those, share whose context is the feedback on a failed attempt at the task (SDPO's reprompt)
+    )
+    skill_share: float = (
+        0.0  # of those, share whose context is a skill summary of a same-group episode (Skill-SD's skill)
+    )
     vocab_size: int = 768
     likelihood_tasks: int = 200  # held-out tasks for the context-likelihood check
     bucket_batches: bool = True  # draw each batch from a length-sorted pool of 16 batches (less padding)
     copy_share: float = 0.0  # share of extra synthetic "repeat: <text>" examples (a pretraining-like copy skill)
-    recovery_share: float = 0.0  # share of multi-turn demonstrations with one corrupted call and the recovery from its error
+    recovery_share: float = (
+        0.0  # share of multi-turn demonstrations with one corrupted call and the recovery from its error
+    )
     # None: every demonstration is the scripted expert's.  A number q: demonstrations *without* a context
     # block come from the domain's imperfect demonstrator (TaskDomain.imperfect_trajectory), which reacts
     # correctly to the cue of its systematic mistakes with probability q: the SFT-then-RL headroom
@@ -100,13 +106,31 @@ class WarmStartConfig:
     onpolicy_lr: float = 3e-4
 
     def __post_init__(self):
-        for name in ("n_demos", "steps", "batch_size", "vocab_size", "likelihood_tasks", "onpolicy_tasks", "onpolicy_group", "retrieved_docs"):
+        for name in (
+            "n_demos",
+            "steps",
+            "batch_size",
+            "vocab_size",
+            "likelihood_tasks",
+            "onpolicy_tasks",
+            "onpolicy_group",
+            "retrieved_docs",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"warmstart.{name} must be >= 1, got {getattr(self, name)}")
         for name in ("warmup_steps", "onpolicy_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"warmstart.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("context_share", "same_task_share", "feedback_share", "skill_share", "copy_share", "seen_group_share", "recovery_share", "retrieved_share"):
+        for name in (
+            "context_share",
+            "same_task_share",
+            "feedback_share",
+            "skill_share",
+            "copy_share",
+            "seen_group_share",
+            "recovery_share",
+            "retrieved_share",
+        ):
             if not (0.0 <= getattr(self, name) <= 1.0):
                 raise ValueError(f"warmstart.{name} must be in [0, 1], got {getattr(self, name)}")
         if self.same_task_share + self.feedback_share + self.skill_share > 1.0 + 1e-9:
@@ -131,7 +155,9 @@ def expert_episodes(domain: TaskDomain, tasks: Sequence[Task]) -> list[Episode]:
     return eps
 
 
-def _context_for(task: Task, own: Episode, by_group: dict[str, list[Episode]], rng: random.Random, cfg: WarmStartConfig):
+def _context_for(
+    task: Task, own: Episode, by_group: dict[str, list[Episode]], rng: random.Random, cfg: WarmStartConfig
+):
     """One context block for a demonstration of ``task`` (item 4 of the module docstring).
 
     Kinds, as shares of the context demonstrations: the task's own solution
@@ -167,7 +193,9 @@ def _context_for(task: Task, own: Episode, by_group: dict[str, list[Episode]], r
     return format_trace(ex.task, ex.turns)
 
 
-def _retrieved_block(ex: Episode, same: Sequence[Episode], by_group: dict[str, list[Episode]], rng: random.Random, n_docs: int) -> str:
+def _retrieved_block(
+    ex: Episode, same: Sequence[Episode], by_group: dict[str, list[Episode]], rng: random.Random, n_docs: int
+) -> str:
     """A context block shaped like retrieval's: ``ex`` and ``n_docs - 1`` more solved tasks, each from
     ``same`` (the group's other tasks) with probability 1/2, else from another group; shuffled."""
     groups = [g for g in by_group if g != ex.task.group_id]
@@ -217,7 +245,9 @@ def _corrupt(action: str, rng: random.Random) -> str | None:
     return action[:i] + rng.choice([c for c in pool if c != action[i].lower()]) + action[i + 1 :]
 
 
-def recovery_demos(domain, episodes: Sequence[Episode], share: float, rng: random.Random) -> dict[int, tuple[list, frozenset[int]]]:
+def recovery_demos(
+    domain, episodes: Sequence[Episode], share: float, rng: random.Random
+) -> dict[int, tuple[list, frozenset[int]]]:
     """Noisy demonstrations (small-profile.md section 2) for multi-turn tasks.
 
     In a share of the demonstrations one expert call (never the last) has one
@@ -256,7 +286,9 @@ def build_examples(domain, encoder, episodes, cfg: WarmStartConfig, rng: random.
     for e in episodes:
         by_group.setdefault(e.task.group_id, []).append(e)
     noisy = recovery_demos(domain, episodes, cfg.recovery_share, random.Random(rng.random()))
-    contexts = [_context_for(e.task, e, by_group, rng, cfg) if rng.random() < cfg.context_share else None for e in episodes]
+    contexts = [
+        _context_for(e.task, e, by_group, rng, cfg) if rng.random() < cfg.context_share else None for e in episodes
+    ]
     if cfg.demo_recovery is not None:  # the demonstrations without a context: the imperfect demonstrator's
         imp = random.Random(f"imperfect/{rng.random()}")
         for i, (e, ctx) in enumerate(zip(episodes, contexts)):
@@ -300,7 +332,14 @@ def copy_examples(encoder, corpus: Sequence[str], n: int, rng: random.Random) ->
     split's constants, wrong on held-out constants).  Words are drawn from the
     domain's own training texts so the tokenizer and distribution stay in-domain.
     """
-    words = sorted({w for text in corpus for w in text.replace("(", " ").replace(")", " ").replace(",", " ").split() if len(w) <= 12})
+    words = sorted(
+        {
+            w
+            for text in corpus
+            for w in text.replace("(", " ").replace(")", " ").replace(",", " ").split()
+            if len(w) <= 12
+        }
+    )
     out = []
     for _ in range(n):
         text = " ".join(rng.choice(words) for _ in range(rng.randint(1, 6)))
@@ -350,7 +389,10 @@ def sft(model, examples, pad_id: int, cfg: WarmStartConfig, seed: int, log_every
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt,
-        lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s / cfg.steps, 1.0)))),
+        lambda s: (
+            min(1.0, (s + 1) / max(cfg.warmup_steps, 1))
+            * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s / cfg.steps, 1.0))))
+        ),
     )
     model.train()
     losses = []
@@ -369,7 +411,11 @@ def sft(model, examples, pad_id: int, cfg: WarmStartConfig, seed: int, log_every
         losses.append(float(loss.detach()))
         if (step + 1) % log_every == 0 or step + 1 == cfg.steps:
             eta = (time.perf_counter() - t0) / (step + 1) * (cfg.steps - step - 1)
-            print(f"[warmstart] step {step + 1}/{cfg.steps} nll {sum(losses[-log_every:]) / len(losses[-log_every:]):.4f} eta {eta:.0f}s", file=sys.stderr, flush=True)
+            print(
+                f"[warmstart] step {step + 1}/{cfg.steps} nll {sum(losses[-log_every:]) / len(losses[-log_every:]):.4f} eta {eta:.0f}s",
+                file=sys.stderr,
+                flush=True,
+            )
     return losses
 
 
@@ -426,7 +472,9 @@ def context_likelihood_check(model, encoder, domain, n: int, seed: int, pool: in
     return res
 
 
-def _method_context_gains(model, encoder, domain, eps: Sequence[Episode], train_by_group: dict[str, list[Episode]], seed: int) -> dict[str, float]:
+def _method_context_gains(
+    model, encoder, domain, eps: Sequence[Episode], train_by_group: dict[str, list[Episode]], seed: int
+) -> dict[str, float]:
     """The same check for the contexts SDPO and Skill-SD hand their teachers: the feedback on
     a failed attempt at the task (SDPO), and a skill of a same-group training task (Skill-SD:
     from its success or, half the time, from a failed attempt at it).  Its own random stream,
@@ -443,14 +491,27 @@ def _method_context_gains(model, encoder, domain, eps: Sequence[Episode], train_
         if e.task.task_id in failed:
             none.append((e.task, None, e.turns))
             fb.append((e.task, feedback_context(failed[e.task.task_id][1]), e.turns))
-    out = {"context_gain_skill": mean_agent_logprob(model, encoder, domain, sk) - mean_agent_logprob(model, encoder, domain, [(t, None, turns) for t, _, turns in sk])}
+    out = {
+        "context_gain_skill": mean_agent_logprob(model, encoder, domain, sk)
+        - mean_agent_logprob(model, encoder, domain, [(t, None, turns) for t, _, turns in sk])
+    }
     if fb:
-        out["context_gain_feedback"] = mean_agent_logprob(model, encoder, domain, fb) - mean_agent_logprob(model, encoder, domain, none)
+        out["context_gain_feedback"] = mean_agent_logprob(model, encoder, domain, fb) - mean_agent_logprob(
+            model, encoder, domain, none
+        )
         out["context_check_feedback_tasks"] = len(fb)
     return out
 
 
-def warm_start_eval(model, encoder: ChatEncoder, domain: TaskDomain, cfg: WarmStartConfig, sampling: SamplingConfig, eval_episodes: int, seed: int) -> dict:
+def warm_start_eval(
+    model,
+    encoder: ChatEncoder,
+    domain: TaskDomain,
+    cfg: WarmStartConfig,
+    sampling: SamplingConfig,
+    eval_episodes: int,
+    seed: int,
+) -> dict:
     """What a warm start reports of its policy: held-out reward (Table 1's Vanilla), the
     training split's reward, and the context likelihood check."""
     heldout = evaluate(model, encoder, domain, domain.tasks("test", eval_episodes), sampling, seed=seed)
@@ -459,7 +520,15 @@ def warm_start_eval(model, encoder: ChatEncoder, domain: TaskDomain, cfg: WarmSt
     return {**heldout, "train_reward": train_eval["heldout_reward"], **ctx}
 
 
-def warm_start(domain: TaskDomain, model_cfg: ModelConfig, cfg: WarmStartConfig, sampling: SamplingConfig, eval_episodes: int, seed: int, device: str | torch.device = "cpu"):
+def warm_start(
+    domain: TaskDomain,
+    model_cfg: ModelConfig,
+    cfg: WarmStartConfig,
+    sampling: SamplingConfig,
+    eval_episodes: int,
+    seed: int,
+    device: str | torch.device = "cpu",
+):
     """Stage 1 (items 1-4): returns (model, tokenizer, report dict); ``sampling``: the
     evaluation's; the model is built on the CPU (its initial weights do not depend on the
     device) and trained on ``device``.  The ``onpolicy_*`` fields are stage 2's
@@ -475,15 +544,24 @@ def warm_start(domain: TaskDomain, model_cfg: ModelConfig, cfg: WarmStartConfig,
         raise RuntimeError(f"the scripted expert failed {len(bad)} demonstration tasks, e.g. {bad[:3]}")
     t_demo = time.perf_counter() - t0
     # The tokenizer sees the rendered demonstrations (with and without context blocks).
-    corpus = [format_trace(e.task, e.turns) for e in episodes] + [domain.system_message(), "user assistant tool system context: task:"]
+    corpus = [format_trace(e.task, e.turns) for e in episodes] + [
+        domain.system_message(),
+        "user assistant tool system context: task:",
+    ]
     tokenizer = train_tokenizer(corpus, vocab_size=cfg.vocab_size)
     encoder = ChatEncoder(tokenizer)
     examples = build_examples(domain, encoder, episodes, cfg, rng)
     if cfg.copy_share > 0:
-        n_copy = int(round(len(examples) * cfg.copy_share / (1 - cfg.copy_share))) if cfg.copy_share < 1 else len(examples)
+        n_copy = (
+            int(round(len(examples) * cfg.copy_share / (1 - cfg.copy_share))) if cfg.copy_share < 1 else len(examples)
+        )
         examples += copy_examples(encoder, corpus, n_copy, rng)
     model = build_policy(model_cfg, tokenizer, seed).to(device)
-    print(f"[warmstart] {domain.name} seed {seed}: {len(examples)} demos, {count_parameters(model) / 1e6:.2f} M parameters, vocab {len(tokenizer)}", file=sys.stderr, flush=True)
+    print(
+        f"[warmstart] {domain.name} seed {seed}: {len(examples)} demos, {count_parameters(model) / 1e6:.2f} M parameters, vocab {len(tokenizer)}",
+        file=sys.stderr,
+        flush=True,
+    )
     losses = sft(model, examples, encoder.pad_id, cfg, seed)
     t_sft = time.perf_counter() - t0 - t_demo
     report = {

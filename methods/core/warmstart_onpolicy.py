@@ -34,7 +34,7 @@ import dataclasses
 import random
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -62,7 +62,9 @@ def onpolicy_examples(domain, encoder, rollouts: Sequence, group: int, expert: d
             out.append(trajectory_ids(encoder, domain, task, ctx, ep.turns))
         others = [r for r in by_group[task.group_id] if r.task.task_id != task.task_id]
         if others:
-            out.append(trajectory_ids(encoder, domain, task, rollout_skill(rng.choice(others), SKILL_MAX_CHARS), ep.turns))
+            out.append(
+                trajectory_ids(encoder, domain, task, rollout_skill(rng.choice(others), SKILL_MAX_CHARS), ep.turns)
+            )
     return out
 
 
@@ -73,9 +75,19 @@ def onpolicy_stage(model, encoder, domain, cfg, sampling: SamplingConfig, seed: 
 
     t0 = time.perf_counter()
     rng = random.Random(f"onpolicy/{seed}")
-    fresh = domain.tasks("warmstart", first_task + 3 * cfg.onpolicy_tasks)[first_task:]  # sampled, then up to 2 replays per sample
+    fresh = domain.tasks("warmstart", first_task + 3 * cfg.onpolicy_tasks)[
+        first_task:
+    ]  # sampled, then up to 2 replays per sample
     sampled, spare = fresh[: cfg.onpolicy_tasks], fresh[cfg.onpolicy_tasks :]
-    rollouts = run_episodes(model.eval(), encoder, domain, [t for t in sampled for _ in range(cfg.onpolicy_group)], None, sampling, torch.Generator(device=next(model.parameters()).device).manual_seed(seed))
+    rollouts = run_episodes(
+        model.eval(),
+        encoder,
+        domain,
+        [t for t in sampled for _ in range(cfg.onpolicy_group)],
+        None,
+        sampling,
+        torch.Generator(device=next(model.parameters()).device).manual_seed(seed),
+    )
     expert = {e.task.task_id: e for e in expert_episodes(domain, sampled)}
     examples = onpolicy_examples(domain, encoder, rollouts, cfg.onpolicy_group, expert, rng)
     if not examples:
@@ -91,7 +103,9 @@ def onpolicy_stage(model, encoder, domain, cfg, sampling: SamplingConfig, seed: 
         file=sys.stderr,
         flush=True,
     )
-    stage = dataclasses.replace(cfg, steps=cfg.onpolicy_steps, lr=cfg.onpolicy_lr, warmup_steps=min(cfg.warmup_steps, 20))
+    stage = dataclasses.replace(
+        cfg, steps=cfg.onpolicy_steps, lr=cfg.onpolicy_lr, warmup_steps=min(cfg.warmup_steps, 20)
+    )
     losses = sft(model, examples + replay, encoder.pad_id, stage, seed + 1)
     return {
         "onpolicy_samples": len(rollouts),
@@ -103,10 +117,28 @@ def onpolicy_stage(model, encoder, domain, cfg, sampling: SamplingConfig, seed: 
     }
 
 
-STAGE1_KEYS = ("heldout_reward", "train_reward", "context_gain_own_solution", "context_gain_same_group", "context_gain_other_group", "context_gain_feedback", "context_gain_skill")
+STAGE1_KEYS = (
+    "heldout_reward",
+    "train_reward",
+    "context_gain_own_solution",
+    "context_gain_same_group",
+    "context_gain_other_group",
+    "context_gain_feedback",
+    "context_gain_skill",
+)
 
 
-def continue_warm_start(model, encoder, domain, cfg, sampling: SamplingConfig, train_sampling: SamplingConfig, eval_episodes: int, seed: int, stage1: dict) -> dict:
+def continue_warm_start(
+    model,
+    encoder,
+    domain,
+    cfg,
+    sampling: SamplingConfig,
+    train_sampling: SamplingConfig,
+    eval_episodes: int,
+    seed: int,
+    stage1: dict,
+) -> dict:
     """Stage 2 on a stage-1 warm start (``model``, trained in place; ``stage1``: its report).
     Returns the warm start's report: stage 1's, with the evaluation redone on the result,
     this stage's counts, stage 1's scores as ``stage1_*`` and ``wall_s`` of both stages."""

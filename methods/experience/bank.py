@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-import numpy as np
 import torch
 
 from tasks.base import Task, Turn, format_trace
@@ -33,7 +33,7 @@ from .index import VectorIndex
 __all__ = ["BankConfig", "Experience", "ExperienceBank", "LeakError", "same_group_share"]
 
 
-def same_group_share(tasks: Sequence[Task], hits: Sequence[Sequence["Experience"]]) -> float:
+def same_group_share(tasks: Sequence[Task], hits: Sequence[Sequence[Experience]]) -> float:
     """Share of retrieved items that come from their query task's own group (environment variant / project)."""
     return sum(e.group_id == t.group_id for t, h in zip(tasks, hits) for e in h) / max(sum(len(h) for h in hits), 1)
 
@@ -44,7 +44,9 @@ class LeakError(ValueError):
 
 def _check_split(task: Task) -> None:
     if task.split != "train":
-        raise LeakError(f"task {task.task_id} is from the {task.split!r} split; only training-split trajectories may enter the experience bank")
+        raise LeakError(
+            f"task {task.task_id} is from the {task.split!r} split; only training-split trajectories may enter the experience bank"
+        )
 
 
 @dataclass
@@ -71,7 +73,9 @@ class Experience:
     trace: str  # compact action -> result trace (format_trace without the task)
     reward: float
     step: int  # training step that produced it (-1: the bank's seed)
-    turns: tuple[tuple[str, str | None], ...] = ()  # the raw (action, observation) pairs (LOPD's cold start re-reads them token by token)
+    turns: tuple[
+        tuple[str, str | None], ...
+    ] = ()  # the raw (action, observation) pairs (LOPD's cold start re-reads them token by token)
 
     def document(self) -> str:
         """Task + trajectory: what is embedded on the document side (the paper's version) and what a
@@ -102,7 +106,16 @@ class ExperienceBank:
         if self._per_task.get(task.task_id, 0) >= self.cfg.max_per_task:
             self.rejected["task_full"] += 1
             return None
-        return Experience(task.task_id, task.template_id, task.group_id, task.prompt, format_trace(task, turns, with_task=False), float(reward), step, tuple((t.action, t.observation) for t in turns))
+        return Experience(
+            task.task_id,
+            task.template_id,
+            task.group_id,
+            task.prompt,
+            format_trace(task, turns, with_task=False),
+            float(reward),
+            step,
+            tuple((t.action, t.observation) for t in turns),
+        )
 
     def add(self, items: Sequence[tuple[Task, Sequence[Turn], float]], step: int) -> int:
         """Add the qualifying (task, turns, reward) trajectories; returns how many entered."""
@@ -124,7 +137,7 @@ class ExperienceBank:
     def add_rollouts(self, rollouts, step: int) -> int:
         return self.add([(r.task, r.episode.turns, r.reward) for r in rollouts], step)
 
-    def freeze(self) -> "ExperienceBank":
+    def freeze(self) -> ExperienceBank:
         self.frozen = True
         return self
 
@@ -141,7 +154,11 @@ class ExperienceBank:
         _, rows = self.index.search(queries, k)
         out = []
         for task, row in zip(tasks, rows):
-            hits = [self.items[j] for j in row if j >= 0 and (self.allow_self_retrieval or self.items[j].task_id != task.task_id)]
+            hits = [
+                self.items[j]
+                for j in row
+                if j >= 0 and (self.allow_self_retrieval or self.items[j].task_id != task.task_id)
+            ]
             out.append(hits[:n])
         return out
 
@@ -167,7 +184,9 @@ class ExperienceBank:
         if len(items) != len(vectors):
             raise ValueError(f"corrupt bank state: {len(items)} items but {len(vectors)} vectors")
         if vectors.shape[1] != self.encoder.dim:
-            raise ValueError(f"bank vectors are {vectors.shape[1]}-d but the encoder makes {self.encoder.dim}-d vectors")
+            raise ValueError(
+                f"bank vectors are {vectors.shape[1]}-d but the encoder makes {self.encoder.dim}-d vectors"
+            )
         self.items, self.index = items, VectorIndex(self.encoder.dim)
         self.index.add(vectors)
         self._per_task = {}
@@ -182,9 +201,14 @@ class ExperienceBank:
         torch.save(self.state_dict(), tmp)
         os.replace(tmp, path)
 
-    def load(self, path: str | Path) -> "ExperienceBank":
+    def load(self, path: str | Path) -> ExperienceBank:
         self.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
         return self
 
     def stats(self) -> dict[str, Any]:
-        return {"size": len(self), "tasks": len(self._per_task), "groups": len({e.group_id for e in self.items}), "rejected": dict(self.rejected)}
+        return {
+            "size": len(self),
+            "tasks": len(self._per_task),
+            "groups": len({e.group_id for e in self.items}),
+            "rejected": dict(self.rejected),
+        }

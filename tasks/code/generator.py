@@ -35,7 +35,7 @@ import functools
 import hashlib
 import itertools
 import random
-from typing import Callable
+from collections.abc import Callable
 
 from tasks.code.families import CONVENTIONS, PROJECTS, TEMPLATES, Project, Template, render_reference, warmstart_project
 
@@ -55,7 +55,7 @@ def _stable_hash(text: str) -> int:
     return int.from_bytes(hashlib.sha1(text.encode()).digest()[:8], "big")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compile(source: str) -> Callable:
     namespace: dict = {}
     exec(source, namespace)  # trusted: our own reference programs
@@ -103,7 +103,7 @@ def _word(rng: random.Random, lower: bool) -> str:
     return word if lower else "".join(c.upper() if rng.random() < 0.5 else c for c in word)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _probes(arg: str) -> tuple:
     """Fixed inputs used to decide whether a convention matters (pure, so caching is safe)."""
     rng = random.Random(f"code-v2:probes:{arg}")
@@ -120,7 +120,7 @@ def _variant_sets(convs: tuple[str, ...]) -> list[tuple[str, ...]]:
     return [subset for r in range(len(convs)) for subset in itertools.combinations(convs, r)]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _programs(template: Template, key: tuple, convs: tuple[str, ...]) -> tuple[str, Callable, tuple]:
     params = dict(key)
     reference = render_reference(template, params, convs)
@@ -128,7 +128,7 @@ def _programs(template: Template, key: tuple, convs: tuple[str, ...]) -> tuple[s
     return reference, _compile(reference), variants
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _matters(template: Template, key: tuple, convs: tuple[str, ...]) -> bool:
     """Whether every variant of the program gets some probe input wrong."""
     if not convs:
@@ -150,7 +150,7 @@ def _same(template: Template, key: tuple, a: tuple[str, ...], b: tuple[str, ...]
     return all(_call(fa, x) == _call(fb, x) for x in _probes(template.arg))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def applied_conventions(template: Template, project_convs: tuple[str, ...]) -> tuple[str, ...]:
     """The project's conventions as they act on ``template``: those whose types fit
     and whose effect shows (``()`` if none does: the project never uses the
@@ -166,7 +166,7 @@ def applied_conventions(template: Template, project_convs: tuple[str, ...]) -> t
     return ()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def project_templates(project: Project) -> tuple[Template, ...]:
     """The templates ``project`` uses: those where at least one of its conventions matters."""
     return tuple(t for t in TEMPLATES if applied_conventions(t, project.conventions))
@@ -232,7 +232,7 @@ def split_of_prompt(prompt: str) -> str:
     return "test" if _stable_hash(prompt) % 5 == 0 else "train"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _combos_by_split(template: Template) -> dict[str, list[dict]]:
     combos = template.combos()
     if len(combos) < 3:

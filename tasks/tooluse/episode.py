@@ -93,7 +93,7 @@ class ToolEpisode(Episode):
             return ""
         parts = []
         if self.errors:
-            parts.append("errors: " + "; ".join(dict.fromkeys(e[len("error: "):] for e in self.errors)))
+            parts.append("errors: " + "; ".join(dict.fromkeys(e[len("error: ") :] for e in self.errors)))
         parts.append("failed: " + "; ".join(describe_check(self.variant, *c) for c in failed))
         return "\n".join(parts)
 

@@ -16,7 +16,15 @@ from .envs import simulate
 from .kinds import KINDS
 from .variants import N_TEST_VARIANTS, N_TRAIN_VARIANTS, make_variant
 
-__all__ = ["DOMAIN", "TEST_ONLY_FRACTION", "MAX_TURNS", "WARMSTART_VARIANT_BASE", "make_task", "task_for", "all_template_ids"]
+__all__ = [
+    "DOMAIN",
+    "TEST_ONLY_FRACTION",
+    "MAX_TURNS",
+    "WARMSTART_VARIANT_BASE",
+    "make_task",
+    "task_for",
+    "all_template_ids",
+]
 
 DOMAIN = "tooluse"
 TEST_ONLY_FRACTION = 0.1
@@ -60,7 +68,9 @@ def task_for(kind_name: str, variant_index: int, template_id: str, seed: int, sp
     kind = KINDS[kind_name]
     make = dict(kind.templates)[template_id]
     rng = random.Random(f"tooluse-task-for:{seed}:{split}:{kind_name}:{variant_index}:{template_id}:{i}")
-    return _build(rng, seed, split, f"{kind_name}{variant_index}-{i}", make_variant(kind, variant_index), template_id, make)
+    return _build(
+        rng, seed, split, f"{kind_name}{variant_index}-{i}", make_variant(kind, variant_index), template_id, make
+    )
 
 
 def _build(rng: random.Random, seed: int, split: str, i, variant, template_id: str, make) -> Task:
@@ -80,5 +90,12 @@ def _build(rng: random.Random, seed: int, split: str, i, variant, template_id: s
         prompt=f"env: {variant.vid}\n{variant.tool_line()}\n{draft.instruction}",
         reference="\n".join(calls),
         max_turns=min(len(calls) + 2, MAX_TURNS),
-        payload={"kind": kind.name, "variant": variant.index, "state": state, "plan": tuple(plan), "intent": tuple(draft.intent), "checks": checks},
+        payload={
+            "kind": kind.name,
+            "variant": variant.index,
+            "state": state,
+            "plan": tuple(plan),
+            "intent": tuple(draft.intent),
+            "checks": checks,
+        },
     )

@@ -18,8 +18,9 @@ arguments (numeric ids, whole amounts, canonical names).
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 __all__ = ["Param", "Step", "ToolError", "RuleError", "TaskDraft", "Template", "Kind", "copy_state", "pick", "unique"]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 from .spec import Kind, Param, Step
@@ -107,7 +107,7 @@ def _tool_names(rng: random.Random, kind: Kind) -> dict[str, str]:
     return tools
 
 
-@lru_cache(maxsize=None)
+@cache
 def make_variant(kind: Kind, index: int) -> Variant:
     """Variant ``index`` of ``kind``; deterministic, independent of any seed."""
     rng = random.Random(f"tooluse-variant:{kind.name}:{index}")

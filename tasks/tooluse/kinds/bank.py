@@ -52,7 +52,9 @@ class Bank(Kind):
         else:
             approve["deposit"] = approve["withdraw"] = 0
         if rng.random() < 0.5:
-            extra = rng.choice([x for x in ("cents", "close", "deposit") if x != main and not (x == "deposit" and main == "money")])
+            extra = rng.choice(
+                [x for x in ("cents", "close", "deposit") if x != main and not (x == "deposit" and main == "money")]
+            )
             if extra == "cents":
                 unit = 100
             elif extra == "close":
@@ -120,7 +122,9 @@ def _withdraw(rng: random.Random, st: dict, split: str) -> TaskDraft:
     a = pick(rng, st["ents"])
     acct = st["ents"][a]
     amt = rng.randrange(10, min(acct["bal"], 95) + 1, 5)
-    return TaskDraft(f"Withdraw {amt} for {acct['owner']}.", [("lookup", (acct["owner"],)), ("withdraw", (a, amt))], [(a, "bal")])
+    return TaskDraft(
+        f"Withdraw {amt} for {acct['owner']}.", [("lookup", (acct["owner"],)), ("withdraw", (a, amt))], [(a, "bal")]
+    )
 
 
 def _transfer(rng: random.Random, st: dict, split: str) -> TaskDraft:

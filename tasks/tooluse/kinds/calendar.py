@@ -55,8 +55,16 @@ class Calendar(Kind):
         return {"confirm_ops": guarded, "after_ops": after}
 
     def rule_names(self, rules: dict) -> list[str]:
-        out = [f"{'/'.join(rules['confirm_ops'])} need{'s' if len(rules['confirm_ops']) == 1 else ''} confirm first"] if rules["confirm_ops"] else []
-        return out + ([f"{'/'.join(rules['after_ops'])} need{'s' if len(rules['after_ops']) == 1 else ''} confirm before done"] if rules["after_ops"] else [])
+        out = (
+            [f"{'/'.join(rules['confirm_ops'])} need{'s' if len(rules['confirm_ops']) == 1 else ''} confirm first"]
+            if rules["confirm_ops"]
+            else []
+        )
+        return out + (
+            [f"{'/'.join(rules['after_ops'])} need{'s' if len(rules['after_ops']) == 1 else ''} confirm before done"]
+            if rules["after_ops"]
+            else []
+        )
 
     def make_state(self, rng: random.Random, split: str) -> dict:
         n = rng.randint(4, 6)
@@ -132,7 +140,9 @@ def _reschedule(rng: random.Random, st: dict, split: str) -> TaskDraft:
     e = pick(rng, st["ents"])
     event = st["ents"][e]
     day = rng.choice([d for d in DAYS if d != event["day"]])
-    return TaskDraft(f"Move {event['label']} to day {day}.", [("find", (event["label"],)), ("move", (e, day))], [(e, "day")])
+    return TaskDraft(
+        f"Move {event['label']} to day {day}.", [("find", (event["label"],)), ("move", (e, day))], [(e, "day")]
+    )
 
 
 def _cancel(rng: random.Random, st: dict, split: str) -> TaskDraft:

@@ -57,7 +57,11 @@ class Inventory(Kind):
         return {"scan_ops": tuple(sorted(scan_ops)), "log": log}
 
     def rule_names(self, rules: dict) -> list[str]:
-        out = [f"{'/'.join(rules['scan_ops'])} need{'s' if len(rules['scan_ops']) == 1 else ''} scan"] if rules["scan_ops"] else []
+        out = (
+            [f"{'/'.join(rules['scan_ops'])} need{'s' if len(rules['scan_ops']) == 1 else ''} scan"]
+            if rules["scan_ops"]
+            else []
+        )
         return out + (["changes need log before done"] if rules["log"] else [])
 
     def make_state(self, rng: random.Random, split: str) -> dict:
@@ -65,7 +69,15 @@ class Inventory(Kind):
         labels = unique(rng, lambda: names.label(rng, split, self.name), n)
         nums = rng.sample(range(10, 90), n)
         ents = {
-            num: {"label": lab, "qty": rng.randint(2, 40), "shelf": rng.choice(SHELVES), "ok": False, "dirty": False, "logged": None, "active": True}
+            num: {
+                "label": lab,
+                "qty": rng.randint(2, 40),
+                "shelf": rng.choice(SHELVES),
+                "ok": False,
+                "dirty": False,
+                "logged": None,
+                "active": True,
+            }
             for num, lab in zip(nums, labels)
         }
         return {"ents": ents, "people": ()}
@@ -132,7 +144,9 @@ def _relocate(rng: random.Random, st: dict, split: str) -> TaskDraft:
     i = pick(rng, st["ents"])
     item = st["ents"][i]
     shelf = rng.choice([s for s in SHELVES if s != item["shelf"]])
-    return TaskDraft(f"Move {item['label']} to shelf {shelf}.", [("find", (item["label"],)), ("move", (i, shelf))], [(i, "shelf")])
+    return TaskDraft(
+        f"Move {item['label']} to shelf {shelf}.", [("find", (item["label"],)), ("move", (i, shelf))], [(i, "shelf")]
+    )
 
 
 def _top_up(rng: random.Random, st: dict, split: str) -> TaskDraft:

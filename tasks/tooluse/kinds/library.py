@@ -48,7 +48,9 @@ class Library(Kind):
         return {"inspect_ops": rng.choice(self._INSPECT), "card": rng.random() < 0.5}
 
     def rule_names(self, rules: dict) -> list[str]:
-        return [f"{'/'.join(rules['inspect_ops'])} need{'s' if len(rules['inspect_ops']) == 1 else ''} inspect"] + (["lend needs card(who)"] if rules["card"] else [])
+        return [f"{'/'.join(rules['inspect_ops'])} need{'s' if len(rules['inspect_ops']) == 1 else ''} inspect"] + (
+            ["lend needs card(who)"] if rules["card"] else []
+        )
 
     def make_state(self, rng: random.Random, split: str) -> dict:
         n = rng.randint(4, 6)

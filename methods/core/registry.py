@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import TYPE_CHECKING, Any, ClassVar, Sequence
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     import torch
@@ -32,7 +35,10 @@ if TYPE_CHECKING:
 
 __all__ = ["MethodConfig", "Method", "register_method", "get_method", "known_methods", "make_config"]
 
-BUILTIN_METHOD_MODULES = ("methods.grpo", "methods.retrieval_rl", "methods.opsd", "methods.sdft", "methods.sdpo", "methods.skill_sd", "methods.lopd")
+#: Installed packages may add methods: each entry point of this group names a module that
+#: registers one (``[project.entry-points."lopd_bench.methods"] rloo = "my_pkg.rloo"``).
+ENTRY_POINT_GROUP = "lopd_bench.methods"
+_REGISTERS = re.compile(r"^@register_method\(", re.M)
 
 
 @dataclasses.dataclass
@@ -54,27 +60,27 @@ class Method:
     #: True: the method reads the experience bank (the pipeline seeds one and passes it in)
     uses_bank: ClassVar[bool] = False
 
-    def __init__(self, cfg: MethodConfig, run: "RunContext"):
+    def __init__(self, cfg: MethodConfig, run: RunContext):
         self.cfg = cfg
         self.run = run
 
     # --- what the student sees -------------------------------------------------
-    def student_context(self, task: "Task") -> str | None:
+    def student_context(self, task: Task) -> str | None:
         """Context block placed in the *student's* prompt (None: the bare task)."""
         return None
 
-    def student_contexts(self, tasks: "Sequence[Task]") -> "list[str | None]":
+    def student_contexts(self, tasks: Sequence[Task]) -> list[str | None]:
         """:meth:`student_context` for a batch (training rollouts and evaluations call this).
 
         Override instead of ``student_context`` where batching pays (retrieval)."""
         return [self.student_context(t) for t in tasks]
 
     # --- per step ----------------------------------------------------------------
-    def prepare(self, batch: "RolloutBatch") -> dict[str, float]:
+    def prepare(self, batch: RolloutBatch) -> dict[str, float]:
         """Precompute per-batch quantities (advantages, teacher scores) without gradients."""
         return {}
 
-    def trainable_rows(self, batch: "RolloutBatch") -> "torch.Tensor":
+    def trainable_rows(self, batch: RolloutBatch) -> torch.Tensor:
         """Indices of the rollouts that carry a learning signal this step (default: all).
 
         Rows left out cost no forward/backward pass, and a step with no rows
@@ -83,18 +89,39 @@ class Method:
 
         return torch.arange(len(batch), device=batch.input_ids.device)
 
-    def loss(self, batch: "RolloutBatch", rows: "torch.Tensor", logp: "torch.Tensor", logits: "torch.Tensor") -> tuple["torch.Tensor", dict[str, float]]:
-        """Loss on the minibatch ``rows`` of ``batch``.
+    def loss(
+        self, batch: RolloutBatch, rows: torch.Tensor, logp: torch.Tensor, logits: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Loss on the minibatch ``rows`` of ``batch``; returns (loss, metrics to log).
 
-        ``logp`` [b, T-1]: the student's log-prob of each next token under the
-        current weights, where ``loss_mask`` is 1 (0 elsewhere); ``logits``
-        [n, V]: the student's (temperature-scaled) logits at exactly those n
-        agent-token positions, packed row-major, so ``logp[mask.bool()]`` and
-        ``logits`` line up (see :func:`methods.core.batch.agent_token_logprobs`).
+        **How often.** Each step the loop samples the rollouts, calls :meth:`prepare` once,
+        then calls ``loss`` ``train.ppo_epochs`` times over the rows of
+        :meth:`trainable_rows`, in minibatches of ``train.minibatch_rollouts``, with one
+        optimizer step after each call.  From the second call on, the weights are no longer
+        those that sampled the rollouts: an on-policy estimator (plain REINFORCE) must
+        correct with the importance ratio against ``batch.extras["old_logp"]``, as
+        :func:`methods.losses.ppo_clip_loss` does, or set ``ppo_epochs`` to 1.
+
+        **What the loop provides.**
+
+        * ``batch`` (:class:`methods.core.batch.RolloutBatch`): every rollout of the step,
+          right-padded; ``rewards`` [N], ``group_index`` [N] (rollouts of one task in this
+          step share it), ``loss_mask`` [N, T-1] (1 where the next token was the agent's),
+          and ``extras``: what :meth:`prepare` stored, plus ``extras["old_logp"]`` [N, T-1],
+          the log-prob of each agent token under the weights that sampled it (π_old).
+        * ``rows``: the indices into ``batch`` of this minibatch.
+          :func:`methods.core.batch.rows_of` slices any [N, T-1] tensor to it.
+        * ``logp`` [b, T'-1]: the student's log-prob of each next token under the
+          current weights, where ``loss_mask`` is 1 (0 elsewhere), with the minibatch's
+          right padding trimmed (so T' <= T: slice per-token tensors with
+          ``rows_of(t, rows, logp.shape[1])``).
+        * ``logits`` [n, V]: the student's (temperature-scaled) logits at exactly those n
+          agent-token positions, packed row-major, so ``logp[mask.bool()]`` and ``logits``
+          line up (see :func:`methods.core.batch.agent_token_logprobs`).
         """
         raise NotImplementedError
 
-    def after_step(self, batch: "RolloutBatch") -> dict[str, float]:
+    def after_step(self, batch: RolloutBatch) -> dict[str, float]:
         """Runs after the student's optimizer steps (EMA teachers, banks, composers)."""
         return {}
 
@@ -120,18 +147,40 @@ def register_method(name: str):
     return deco
 
 
-def _import_builtins() -> None:
-    for mod in BUILTIN_METHOD_MODULES:
+def method_modules() -> list[str]:
+    """The modules that register a method: every module under the ``methods`` package (one
+    package level deep, ``methods/core`` aside) whose source has a line starting with
+    ``@register_method(``, then the modules named by the ``lopd_bench.methods`` entry points.
+
+    Found from the files, with no hand-kept list: a new ``methods/<name>.py`` is a method as
+    soon as it exists.  Only the modules found are imported."""
+    import methods
+
+    found: list[str] = []
+    for root in map(Path, methods.__path__):
+        files = sorted(root.glob("*.py")) + sorted(p for p in root.glob("*/*.py") if p.parent.name != "core")
+        for f in files:
+            if _REGISTERS.search(f.read_text(encoding="utf-8")):
+                parts = f.relative_to(root).with_suffix("").parts
+                found.append(".".join(("methods", *parts)))
+    from importlib.metadata import entry_points
+
+    found += [ep.value.split(":")[0] for ep in entry_points(group=ENTRY_POINT_GROUP)]
+    return found
+
+
+def _import_methods() -> None:
+    for mod in method_modules():
         importlib.import_module(mod)
 
 
 def known_methods() -> list[str]:
-    _import_builtins()
+    _import_methods()
     return sorted(_METHODS)
 
 
 def get_method(name: str) -> type[Method]:
-    _import_builtins()
+    _import_methods()
     if name not in _METHODS:
         from tasks.base import unknown_name
 

@@ -349,39 +349,43 @@ def cmd_testbed(args) -> None:
 
 
 def cmd_coldstart(args) -> None:
-    """LOPD's cold start: train the composer (LoRA + Q-Former) on the warm start's own successes (the seeded bank)."""
+    """A method's cold start (``needs_cold_start``; LOPD's composer): the component its runs
+    start from, trained before RL on the base policy (and its seeded bank, for a method that
+    reads one)."""
     from dataclasses import asdict
 
     from methods.core.policy import load_policy
     from methods.core.provenance import provenance, write_json_atomic
     from methods.core.registry import get_method, make_config
     from methods.core.tokenizer import ChatEncoder
-    from methods.experience import BankConfig, ExperienceBank
-    from methods.experience.encoder import TextEncoder
-    from methods.lopd.coldstart import cold_start
-    from methods.lopd.method import build_composer
     from tasks.base import get_domain
 
     job = _job(args.job)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cls = get_method(job["method"])
+    if not cls.needs_cold_start:
+        raise SystemExit(f"error: method {job['method']} has no cold start (needs_cold_start is False)")
     cfg = make_config(cls.Config, job["method_config"], f"methods.{job.get('run_name', job['method'])}")
     domain = get_domain(job["domain"], seed=job["task_seed"], **job["domain_options"])
     backbone, tokenizer = load_policy(Path(args.warmstart) / "model", device=args.device)
     encoder = ChatEncoder(tokenizer)
-    composer = build_composer(cfg, backbone, encoder, args.seed).to(args.device)
-    bank = ExperienceBank(make_config(BankConfig, job["bank"], "bank"), TextEncoder(device=args.device)).load(args.bank)
-    report = cold_start(cfg, composer, bank, domain, args.seed, device=args.device)
-    tmp = out / "composer.pt.tmp"
-    torch.save(
-        {
-            "phi": {k: v.detach().cpu() for k, v in composer.trainable_state().items()},
-            "config": asdict(cfg),
-            "report": report,
-        },
-        tmp,
+    bank = None
+    if cls.uses_bank:
+        if not args.bank or not Path(args.bank).exists():
+            raise SystemExit(
+                f"error: method {job['method']} reads an experience bank: --bank bank.pt is required, got {args.bank!r}"
+            )
+        from methods.experience import BankConfig, ExperienceBank
+        from methods.experience.encoder import TextEncoder
+
+        bank = ExperienceBank(make_config(BankConfig, job["bank"], "bank"), TextEncoder(device=args.device))
+        bank.load(args.bank)
+    state, report = cls.cold_start(
+        cfg, backbone=backbone, encoder=encoder, bank=bank, domain=domain, seed=args.seed, device=args.device
     )
+    tmp = out / "composer.pt.tmp"
+    torch.save({**state, "config": asdict(cfg), "report": report}, tmp)
     tmp.replace(out / "composer.pt")
     report.update(
         {
@@ -395,10 +399,8 @@ def cmd_coldstart(args) -> None:
     )
     write_json_atomic(out / "coldstart.json", report)
     domain.close()
-    b, a = report["before"], report["after"]
     print(
-        f"[coldstart] {job['domain']} seed {args.seed}: {report['train_examples']} training / {report['heldout_examples']} held-out successes; "
-        f"latent gain {b['latent_gain']:+.4f} -> {a['latent_gain']:+.4f} nats/token (text context {a['text_gain']:+.4f}); wrote {out / 'composer.pt'} and {out / 'coldstart.json'}",
+        f"[coldstart] {job['method']} {job['domain']} seed {args.seed}: wrote {out / 'composer.pt'} and {out / 'coldstart.json'}",
         file=sys.stderr,
     )
 
@@ -458,23 +460,23 @@ def cmd_train(args) -> None:
     if cls.uses_bank:
         if "bank" not in job:
             raise SystemExit(f"method {job['method']} reads an experience bank, but the job has no bank settings")
-        run.extra["bank_config"] = job["bank"]
+        run.bank_config = job["bank"]
         if job["bank"]["seed_tasks"] > 0:
             if not args.bank or not Path(args.bank).exists():
                 raise SystemExit(
                     f"method {job['method']}: bank.seed_tasks is {job['bank']['seed_tasks']}, so a seeded bank is required (--bank); got {args.bank!r}. Run `python -m methods.cli bank` first."
                 )
-            run.extra["bank_path"] = args.bank
+            run.bank_path = args.bank
             run.ledger.pre_rollouts = json.loads(Path(args.bank).with_name("bank.json").read_text())["seed_rollouts"]
-    if getattr(cls, "needs_cold_start", False):
+    if cls.needs_cold_start:
         if not args.composer or not Path(args.composer).exists():
             raise SystemExit(
                 f"method {job['method']} starts from a cold-started composer (--composer composer.pt); got {args.composer!r}. Run `python -m methods.cli coldstart` first."
             )
-        run.extra["composer_path"] = args.composer
+        run.cold_start_path = args.composer
     base = _base_eval_of(Path(args.warmstart), job, domain.version)
     if base is not None:
-        run.extra["base_eval"] = base
+        run.base_eval = base
     method = cls(method_cfg, run)
     name = job.get("run_name", job["method"])
     label = f"{name} {job['domain']} s{args.seed}"
@@ -523,13 +525,19 @@ def main(argv=None) -> None:
     tr = sub.add_parser("train", parents=[common], help="train one method on one domain and seed")
     tr.add_argument("--warmstart", required=True, help="warm start directory (holds model/)")
     tr.add_argument("--bank", default=None, help="seeded experience bank (bank.pt) for methods that read one")
-    tr.add_argument("--composer", default=None, help="cold-started composer (composer.pt) for LOPD and its variants")
+    tr.add_argument(
+        "--composer",
+        default=None,
+        help="the cold start's file (composer.pt) for a method with needs_cold_start (LOPD and its variants)",
+    )
     tr.set_defaults(fn=cmd_train)
     cs = sub.add_parser(
-        "coldstart", parents=[common], help="LOPD: cold-start the composer on the warm start's own successes"
+        "coldstart",
+        parents=[common],
+        help="a method's cold start before RL (LOPD: the composer, on the warm start's own successes)",
     )
     cs.add_argument("--warmstart", required=True, help="warm start directory (holds model/)")
-    cs.add_argument("--bank", required=True, help="seeded experience bank (bank.pt)")
+    cs.add_argument("--bank", default=None, help="seeded experience bank (bank.pt), for a method that reads one")
     cs.set_defaults(fn=cmd_coldstart)
     bk = sub.add_parser(
         "bank", parents=[common], help="seed an experience bank with the warm start's successes on training tasks"

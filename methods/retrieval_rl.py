@@ -55,10 +55,10 @@ class RetrievalRL(GRPO):
     def __init__(self, cfg: RetrievalRLConfig, run):
         super().__init__(cfg, run)
         self.bank = ExperienceBank(
-            BankConfig(**run.extra.get("bank_config", {})), TextEncoder(), allow_self_retrieval=cfg.allow_self_retrieval
+            BankConfig(**(run.bank_config or {})), TextEncoder(), allow_self_retrieval=cfg.allow_self_retrieval
         )
-        if run.extra.get("bank_path"):
-            self.bank.load(run.extra["bank_path"])
+        if run.bank_path:
+            self.bank.load(run.bank_path)
             self.bank.frozen = False  # a seed bank grows during training
         self._last = {"retrieved": 0.0, "same_group": 0.0, "retrieval_s": 0.0}
 

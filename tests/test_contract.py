@@ -60,7 +60,7 @@ def _run(method_name, domain_name, ws_path: Path, out: Path, train_cfg=None, ban
         out_dir=out,
     )
     if cls.uses_bank and banks is not None:  # as the pipeline does: a bank seeded before RL
-        run.extra["bank_path"] = banks[domain_name]
+        run.bank_path = banks[domain_name]
     method = cls(cls.Config(), run)
     return method, run
 
@@ -191,7 +191,7 @@ def test_the_rollout_0_evaluation_reuses_the_base_policys_where_it_is_the_same_c
     base = evaluate(
         run.model, run.encoder, run.domain, run.domain.tasks("test", cfg.eval_episodes), cfg.sampling(eval=True), seed=7
     )
-    run.extra["base_eval"] = {
+    run.base_eval = {
         **base,
         "heldout_reward": base["heldout_reward"] + (0.0 if method_name == "grpo" else 1.0),
     }
@@ -200,9 +200,9 @@ def test_the_rollout_0_evaluation_reuses_the_base_policys_where_it_is_the_same_c
     keys = [k for k in computed if k.startswith("heldout_")]
     assert [first[k] for k in keys] == [computed[k] for k in keys]  # same numbers either way
     assert first.get("eval_reused", False) == (method_name == "grpo")
-    run.extra["base_eval"] = {**base, "heldout_episodes": cfg.eval_episodes + 1}  # other tasks: not reused
+    run.base_eval = {**base, "heldout_episodes": cfg.eval_episodes + 1}  # other tasks: not reused
     m2, run2 = _run(method_name, "tooluse", ws_path, tmp_path / "other", cfg, banks=seeded_banks)
-    run2.extra["base_eval"] = run.extra["base_eval"]
+    run2.base_eval = run.base_eval
     train(m2, run2, tmp_path / "other")
     assert "eval_reused" not in json.loads((tmp_path / "other" / "metrics.jsonl").read_text().splitlines()[0])
 

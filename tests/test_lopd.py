@@ -156,7 +156,7 @@ def lopd_run(warmstarts, seeded_banks, tmp_path):
         warmstart_path=ws_path,
         out_dir=tmp_path,
     )
-    run.extra["bank_path"] = seeded_banks["tooluse"]
+    run.bank_path = seeded_banks["tooluse"]
     return run
 
 
@@ -268,7 +268,7 @@ def test_frozen_composer_keeps_phi0(lopd_run):
 
 
 def test_nothing_retrieved_means_no_signal_not_a_crash(lopd_run):
-    lopd_run.extra.pop("bank_path")  # an empty bank
+    lopd_run.bank_path = None  # an empty bank
     m = _method(lopd_run, n_latents=4)
     batch = _batch(lopd_run)
     batch.extras["old_logp"] = batch.sample_logp

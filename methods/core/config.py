@@ -121,9 +121,9 @@ def method_class(config: dict[str, Any], name: str):
 
 
 def cold_start_key(config: dict[str, Any], domain: str, name: str) -> str | None:
-    """For methods that cold-start (LOPD), the key of the cold start this run needs; else None."""
+    """For methods that cold-start (``needs_cold_start``), the key of the cold start this run needs; else None."""
     cls = method_class(config, name)
-    if not getattr(cls, "needs_cold_start", False):
+    if not cls.needs_cold_start:
         return None
     return make_config(cls.Config, resolve_job(config, domain, name)["method_config"], name).cold_start_key()
 
@@ -133,23 +133,6 @@ def bank_settings(prof: dict[str, Any]) -> dict[str, Any]:
     from methods.experience.bank import BankConfig
 
     return asdict(make_config(BankConfig, prof.get("bank"), "bank"))
-
-
-COLD_START_FIELDS = (
-    "n_latents",
-    "n_retrieve",
-    "fill_missing",
-    "qformer_layers",
-    "qformer_heads",
-    "lora_r",
-    "lora_alpha",
-    "max_item_tokens",
-    "allow_self_retrieval",
-    "cold_start_steps",
-    "cold_start_lr",
-    "cold_start_batch",
-    "cold_start_holdout",
-)
 
 
 def cold_start_runs(config: dict[str, Any], domain: str) -> dict[str, list[str]]:
@@ -163,7 +146,7 @@ def cold_start_runs(config: dict[str, Any], domain: str) -> dict[str, list[str]]
         if key is None:
             continue
         mc = resolve_job(config, domain, name)["method_config"]
-        fields = {f: mc.get(f) for f in COLD_START_FIELDS}
+        fields = {f: mc.get(f) for f in method_class(config, name).Config.cold_start_fields}
         if key in seen and seen[key] != fields:
             other = groups[key][0]
             diff = sorted(f for f in fields if fields[f] != seen[key][f])

@@ -22,7 +22,7 @@ import os
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +113,14 @@ class RunContext:
     device: torch.device
     warmstart_path: Path | None = None
     out_dir: Path | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    #: the experience bank's settings (methods with ``uses_bank``; the job's ``bank`` section)
+    bank_config: dict[str, Any] | None = None
+    #: the bank seeded before RL (``bank.pt``), when the profile seeds one
+    bank_path: Path | str | None = None
+    #: the file the method's cold start wrote (methods with ``needs_cold_start``)
+    cold_start_path: Path | str | None = None
+    #: the base policy's own ``eval.json`` when its evaluation is this run's (see :func:`_base_eval`)
+    base_eval: dict[str, Any] | None = None
 
 
 class TaskSampler:
@@ -345,12 +352,12 @@ def train(method: Method, run: RunContext, out_dir: Path, label: str = "", finge
 
 
 def _base_eval(run: RunContext, method: Method, tasks: list[Task], cfg: TrainConfig) -> dict[str, Any] | None:
-    """The evaluation before any update, taken from the base policy's own (``run.extra["base_eval"]``,
+    """The evaluation before any update, taken from the base policy's own (``run.base_eval``,
     its ``eval.json``) where it is the same computation: greedy decoding (no random draws), the
     same held-out tasks, and a method whose student sees no context at test time.  The
     rollout-0 evaluation of such a run is then bit-identical to the base policy's (checked on a
     code run: all nine ``heldout_*`` values equal), so it is not recomputed.  None: evaluate."""
-    base = run.extra.get("base_eval")
+    base = run.base_eval
     if not base or cfg.eval_temperature != 0 or base.get("heldout_episodes") != len(tasks):
         return None
     if any(c is not None for c in method.student_contexts(tasks)):

@@ -47,6 +47,14 @@ class MethodConfig:
 
     group_size: int = 4  # rollouts per task in one step (G)
 
+    #: the fields a cold start depends on (methods with ``needs_cold_start``): runs that share a
+    #: :meth:`cold_start_key` share the cold start's file, so they must agree on these
+    cold_start_fields: ClassVar[tuple[str, ...]] = ()
+
+    def cold_start_key(self) -> str:
+        """What the cold start depends on besides domain and seed (a path segment of its file)."""
+        raise NotImplementedError(f"{type(self).__name__} has no cold start")
+
     def __post_init__(self):
         if self.group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {self.group_size}")
@@ -57,8 +65,21 @@ class Method:
 
     name: ClassVar[str] = ""
     Config: ClassVar[type[MethodConfig]] = MethodConfig
-    #: True: the method reads the experience bank (the pipeline seeds one and passes it in)
+    #: True: the method reads the experience bank (the pipeline seeds one and passes it in as
+    #: ``run.bank_path``, with its settings as ``run.bank_config``)
     uses_bank: ClassVar[bool] = False
+    #: True: the method trains a component before RL in its own pipeline job (the ``coldstart``
+    #: rule, ``python -m methods.cli coldstart``) through :meth:`cold_start`; the run gets the
+    #: file as ``run.cold_start_path``
+    needs_cold_start: ClassVar[bool] = False
+
+    @classmethod
+    def cold_start(cls, cfg: MethodConfig, *, backbone, encoder, bank, domain, seed: int, device) -> tuple[dict, dict]:
+        """Train the component a run starts from (``needs_cold_start``) before RL.
+
+        ``backbone``: the base policy; ``bank``: the seeded experience bank (``uses_bank``), else
+        None.  Returns (the state ``torch.save`` writes, a JSON-able report)."""
+        raise NotImplementedError(f"{cls.__name__} has no cold start")
 
     def __init__(self, cfg: MethodConfig, run: RunContext):
         self.cfg = cfg

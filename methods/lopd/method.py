@@ -30,9 +30,11 @@ Ablations are config variants of this one module (``config/config.yaml``,
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -60,9 +62,8 @@ class LOPDConfig(DistillConfig):
     # retrieval and the composer
     n_retrieve: int = 3  # J
     n_latents: int = 32  # K per retrieved item
-    fill_missing: str = (
-        "shorter"  # fewer than J retrieved: "shorter" (fewer latents) | "repeat" (cycle the retrieved items to J)
-    )
+    # fewer than J retrieved: "shorter" (fewer latents) | "repeat" (cycle the retrieved items to J)
+    fill_missing: str = "shorter"
     allow_self_retrieval: bool = False
     qformer_layers: int = 2  # depth of the shared-weight cross-attention stack
     qformer_heads: int = 4
@@ -76,15 +77,31 @@ class LOPDConfig(DistillConfig):
     beta_init: float = 0.0  # β₀
     composer_lr: float = 1e-5  # lr_φ (the paper's; profiles scale it and record the value)
     train_composer: bool = True  # False: the "frozen composer" ablation (φ0 kept, no margin)
-    success_threshold: float = (
-        1.0  # an episode at or above it is a success (distillation signal, A = 2r - 1 uses r itself)
-    )
+    # an episode at or above it is a success (distillation signal; A = 2r - 1 uses r itself)
+    success_threshold: float = 1.0
     distill_only_successes: bool = True  # failed episodes get no distillation signal (the reference code)
     # cold start (its own rule): LoRA + Q-Former by NLL of the warm start's own successes
     cold_start_steps: int = 300
     cold_start_lr: float = 1e-3
     cold_start_batch: int = 16
     cold_start_holdout: float = 0.2  # share of the successes kept out to measure the latents' gain
+
+    #: what the cold start (LoRA + Q-Former) depends on: runs sharing its file must agree on them
+    cold_start_fields: ClassVar[tuple[str, ...]] = (
+        "n_latents",
+        "n_retrieve",
+        "fill_missing",
+        "qformer_layers",
+        "qformer_heads",
+        "lora_r",
+        "lora_alpha",
+        "max_item_tokens",
+        "allow_self_retrieval",
+        "cold_start_steps",
+        "cold_start_lr",
+        "cold_start_batch",
+        "cold_start_holdout",
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -154,11 +171,27 @@ class LOPD(SelfDistillation):
     uses_bank = True
     needs_cold_start = True
 
+    @classmethod
+    def cold_start(cls, cfg: LOPDConfig, *, backbone, encoder, bank, domain, seed: int, device) -> tuple[dict, dict]:
+        """The composer (LoRA + Q-Former) trained on the base policy's own successes (the seeded
+        bank) before RL (:func:`methods.lopd.coldstart.cold_start`); the state is its φ."""
+        from .coldstart import cold_start
+
+        composer = build_composer(cfg, backbone, encoder, seed).to(device)
+        report = cold_start(cfg, composer, bank, domain, seed, device=device)
+        b, a = report["before"], report["after"]
+        print(
+            f"[coldstart] {report['train_examples']} training / {report['heldout_examples']} held-out successes; "
+            f"latent gain {b['latent_gain']:+.4f} -> {a['latent_gain']:+.4f} nats/token (text context {a['text_gain']:+.4f})",
+            file=sys.stderr,
+        )
+        return {"phi": {k: v.detach().cpu() for k, v in composer.trainable_state().items()}}, report
+
     def __init__(self, cfg: LOPDConfig, run):
         super().__init__(cfg, run)  # builds the frozen warm-start teacher copy (self.teacher.model)
         self.composer = build_composer(cfg, self.teacher.model, run.encoder, run.seed).to(run.device)
         self.phi0 = {k: v.detach().clone() for k, v in self.composer.trainable_state().items()}
-        path = run.extra.get("composer_path")
+        path = run.cold_start_path
         if path:
             state = torch.load(path, map_location="cpu", weights_only=False)
             self.composer.load_trainable_state(state["phi"])
@@ -171,10 +204,10 @@ class LOPD(SelfDistillation):
         self.optimizer = torch.optim.AdamW(params, lr=cfg.composer_lr, weight_decay=0.0) if params else None
         self.beta = float(cfg.beta_init)
         self.bank = ExperienceBank(
-            BankConfig(**run.extra.get("bank_config", {})), TextEncoder(), allow_self_retrieval=cfg.allow_self_retrieval
+            BankConfig(**(run.bank_config or {})), TextEncoder(), allow_self_retrieval=cfg.allow_self_retrieval
         )
-        if run.extra.get("bank_path"):
-            self.bank.load(run.extra["bank_path"])
+        if run.bank_path:
+            self.bank.load(run.bank_path)
             self.bank.frozen = False
         # c_φ0 per (task, retrieved item), least recently used evicted first: tasks rarely
         # repeat within a run, and unbounded the cache grows by J·K·d floats per rollout

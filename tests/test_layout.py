@@ -1,0 +1,60 @@
+"""The shared core knows no method: nothing under ``methods/core/``, and not ``methods/cli.py``,
+imports a method module or names a field that only a method's own config has.  Methods declare
+what they need (``uses_bank``, ``needs_cold_start``, ``cold_start_fields``) and the core reads
+the declarations."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+from methods.core import registry
+
+ROOT = Path(__file__).resolve().parents[1]
+CORE_FILES = sorted((ROOT / "methods" / "core").glob("*.py")) + [ROOT / "methods" / "cli.py"]
+
+
+def _imported_modules(path: Path) -> set[str]:
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - (node.level - 1)] if node.level else []
+            mod = ".".join([*base, node.module] if node.module else base)
+            out.add(mod)
+            out |= {f"{mod}.{a.name}" for a in node.names}
+    return out
+
+
+def _string_constants(path: Path) -> set[str]:
+    return {
+        n.value
+        for n in ast.walk(ast.parse(path.read_text()))
+        if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    }
+
+
+def test_the_core_imports_no_method_module():
+    method_packages = {".".join(m.split(".")[:2]) for m in registry.method_modules()}
+    assert {"methods.grpo", "methods.lopd"} <= method_packages
+    for path in CORE_FILES:
+        bad = {m for m in _imported_modules(path) if any(m == p or m.startswith(p + ".") for p in method_packages)}
+        assert not bad, f"{path.relative_to(ROOT)} imports method modules {sorted(bad)}"
+
+
+def test_the_core_names_no_field_of_a_methods_own_config():
+    shared = set()
+    for path in CORE_FILES:  # the core's own config classes (MethodConfig, DistillConfig, ...)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                shared.add(node.target.id)
+    own = set()
+    for name in registry.known_methods():
+        own |= {f.name for f in dataclasses.fields(registry.get_method(name).Config)} - shared
+    assert "cold_start_steps" in own  # LOPD's, say
+    for path in CORE_FILES:
+        named = own & _string_constants(path)
+        assert not named, f"{path.relative_to(ROOT)} names fields of a method's own config: {sorted(named)}"

@@ -28,6 +28,8 @@ gradient reaches the composer *through* the teacher).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -38,8 +40,9 @@ __all__ = [
     "topk_tail",
     "sampled_token_reverse_kl",
     "token_mean",
-    "DIVERGENCES",
     "divergence",
+    "known_divergences",
+    "register_divergence",
 ]
 
 # logsumexp of a top-M subset is clamped just below 0 so the tail bucket stays finite
@@ -141,7 +144,48 @@ def token_mean(per_token: Tensor, weights: Tensor | None = None) -> Tensor:
     return (per_token * w).sum() / w.sum().clamp(min=1e-8) if w.numel() else per_token.sum()
 
 
-DIVERGENCES = ("forward_kl", "reverse_kl", "jsd", "topk_tail")
+# --------------------------------------------------------------------------- registry
+# A divergence selectable by name (``divergence:`` in a self-distillation method's config) is a
+# function ``fn(student_logits, teacher_logits, *, beta, m, support, grad_to) -> [n]`` that takes
+# the settings it uses and ignores the others.
+
+_DIVERGENCES: dict[str, Callable[..., Tensor]] = {}
+
+
+def register_divergence(name: str):
+    """Make ``fn`` selectable as ``divergence: <name>``."""
+
+    def deco(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+        if name in _DIVERGENCES and _DIVERGENCES[name] is not fn:
+            raise ValueError(f"divergence {name!r} is already registered")
+        _DIVERGENCES[name] = fn
+        return fn
+
+    return deco
+
+
+def known_divergences() -> tuple[str, ...]:
+    return tuple(_DIVERGENCES)
+
+
+@register_divergence("forward_kl")
+def _forward_kl(s: Tensor, t: Tensor, *, grad_to: str, **_) -> Tensor:
+    return forward_kl(s, t, grad_to)
+
+
+@register_divergence("reverse_kl")
+def _reverse_kl(s: Tensor, t: Tensor, *, grad_to: str, **_) -> Tensor:
+    return reverse_kl(s, t, grad_to)
+
+
+@register_divergence("jsd")
+def _jsd(s: Tensor, t: Tensor, *, beta: float, grad_to: str, **_) -> Tensor:
+    return jsd(s, t, beta, grad_to)
+
+
+@register_divergence("topk_tail")
+def _topk_tail(s: Tensor, t: Tensor, *, m: int, support: str, grad_to: str, **_) -> Tensor:
+    return topk_tail(s, t, m, support, grad_to=grad_to)
 
 
 def divergence(
@@ -154,13 +198,7 @@ def divergence(
     support: str = "teacher",
     grad_to: str = "student",
 ) -> Tensor:
-    """Dispatch by config name (``forward_kl``, ``reverse_kl``, ``jsd``, ``topk_tail``)."""
-    if name == "forward_kl":
-        return forward_kl(student_logits, teacher_logits, grad_to)
-    if name == "reverse_kl":
-        return reverse_kl(student_logits, teacher_logits, grad_to)
-    if name == "jsd":
-        return jsd(student_logits, teacher_logits, beta, grad_to)
-    if name == "topk_tail":
-        return topk_tail(student_logits, teacher_logits, m, support, grad_to=grad_to)
-    raise ValueError(f"unknown divergence {name!r}; known: {', '.join(DIVERGENCES)}")
+    """The registered divergence ``name`` per position (``forward_kl``, ``reverse_kl``, ``jsd``, ``topk_tail``, ...)."""
+    if name not in _DIVERGENCES:
+        raise ValueError(f"unknown divergence {name!r}; known: {', '.join(_DIVERGENCES)}")
+    return _DIVERGENCES[name](student_logits, teacher_logits, beta=beta, m=m, support=support, grad_to=grad_to)

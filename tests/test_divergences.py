@@ -134,3 +134,24 @@ def test_grad_to_teacher_moves_the_gradient_to_the_teacher_side(name):
     assert s.grad is None and t.grad is not None and t.grad.abs().sum() > 0
     with pytest.raises(ValueError):
         divergence(name, s, t, grad_to="both")
+
+
+def test_a_registered_divergence_is_selectable_by_name():
+    from methods import divergences as dv
+    from methods.core.distill import DistillConfig
+
+    @dv.register_divergence("sq_logp_gap")
+    def _sq(s, t, *, grad_to, **_):
+        return (torch.log_softmax(s, -1) - torch.log_softmax(t, -1).detach()).pow(2).sum(-1)
+
+    try:
+        assert "sq_logp_gap" in dv.known_divergences()
+        DistillConfig(divergence="sq_logp_gap")  # accepted by every self-distillation method's config
+        s, t = torch.randn(5, 7), torch.randn(5, 7)
+        assert torch.equal(dv.divergence("sq_logp_gap", s, t), _sq(s, t, grad_to="student"))
+        with pytest.raises(ValueError, match="already registered"):
+            dv.register_divergence("forward_kl")(_sq)
+    finally:
+        dv._DIVERGENCES.pop("sq_logp_gap", None)
+    with pytest.raises(ValueError, match="divergence must be one of"):
+        DistillConfig(divergence="sq_logp_gap")

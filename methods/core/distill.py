@@ -35,7 +35,7 @@ import torch
 
 from tasks.base import Task, format_trace
 
-from ..divergences import DIVERGENCES, divergence, token_mean
+from ..divergences import divergence, known_divergences, token_mean
 from .batch import RolloutBatch
 from .registry import Method, MethodConfig
 from .teacher import WEIGHT_SOURCES, Teacher
@@ -60,8 +60,8 @@ class DistillConfig(MethodConfig):
             raise ValueError(f"teacher_source must be one of {list(WEIGHT_SOURCES)}, got {self.teacher_source!r}")
         if self.teacher_source == "ema" and not (0 < self.ema_rate <= 1):
             raise ValueError(f"ema_rate must be in (0, 1] for an EMA teacher, got {self.ema_rate}")
-        if self.divergence not in DIVERGENCES:
-            raise ValueError(f"divergence must be one of {list(DIVERGENCES)}, got {self.divergence!r}")
+        if self.divergence not in known_divergences():
+            raise ValueError(f"divergence must be one of {list(known_divergences())}, got {self.divergence!r}")
         if not (0 <= self.jsd_beta <= 1) or self.topk < 1 or self.topk_support not in ("teacher", "student"):
             raise ValueError("jsd_beta must be in [0, 1], topk >= 1 and topk_support 'teacher' or 'student'")
 

@@ -53,11 +53,11 @@ class GRPO(Method):
             batch.rewards, batch.group_index, norm_by_std=self.cfg.norm_by_std
         )
         varied = _groups_with_variance(batch.rewards, batch.group_index)
-        batch.extras["has_signal"] = varied if self.cfg.drop_zero_variance else torch.ones_like(varied)
+        batch.extras["pg_signal"] = varied if self.cfg.drop_zero_variance else torch.ones_like(varied)
         return {"zero_variance_share": float(1 - varied.float().mean())}
 
     def trainable_rows(self, batch: RolloutBatch) -> torch.Tensor:
-        return torch.nonzero(batch.extras["has_signal"]).flatten()
+        return torch.nonzero(batch.extras["pg_signal"]).flatten()
 
     def loss(self, batch, rows, logp, logits):
         width = logp.shape[1]

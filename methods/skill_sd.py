@@ -147,12 +147,12 @@ class SkillSD(GRPO):
         return out
 
     def trainable_rows(self, batch):
-        return torch.nonzero(batch.extras["has_signal"] | batch.extras["has_skill"]).flatten()
+        return torch.nonzero(batch.extras["pg_signal"] | batch.extras["has_skill"]).flatten()
 
     def loss(self, batch, rows, logp, logits):
         width = logp.shape[1]
         agent = rows_of(batch.loss_mask, rows, width)
-        varied = batch.extras["has_signal"][rows].to(agent.dtype)[:, None]
+        varied = batch.extras["pg_signal"][rows].to(agent.dtype)[:, None]
         pg, metrics = ppo_clip_loss(
             logp,
             rows_of(batch.extras["old_logp"], rows, width),

@@ -103,7 +103,7 @@ class SelfDistillation(Method):
         signal = torch.tensor(
             [s is not None and c is not None for s, c in zip(scores, contexts)], device=batch.rewards.device
         )
-        batch.extras["has_signal"] = signal
+        batch.extras["teacher_signal"] = signal
         out = {"signal_share": float(signal.float().mean())}
         if not self._gain_logged:
             self._gain_logged = True
@@ -112,7 +112,7 @@ class SelfDistillation(Method):
         return out
 
     def trainable_rows(self, batch: RolloutBatch) -> torch.Tensor:
-        return torch.nonzero(batch.extras["has_signal"]).flatten()
+        return torch.nonzero(batch.extras["teacher_signal"]).flatten()
 
     def loss(self, batch, rows, logp, logits):
         teacher = torch.cat([batch.extras["teacher_logits"][i] for i in rows.tolist()])

@@ -309,7 +309,7 @@ class LOPD(SelfDistillation):
         has = torch.tensor([t is not None for t in teacher], device=batch.rewards.device)
         signal = has & success if cfg.distill_only_successes else has
         batch.extras["teacher_logits"] = [t.detach() if t is not None else None for t in teacher]
-        batch.extras["has_signal"] = signal
+        batch.extras["teacher_signal"] = signal
         out["signal_share"] = float(signal.float().mean())
         # fixed names every step: null where nothing was retrieved (no teacher, no margin)
         out.update(dict.fromkeys(("lopd_margin", "lopd_kl", "lopd_anchor", "lopd_success_delta")))
@@ -395,7 +395,7 @@ class LOPD(SelfDistillation):
         delta = token_delta(teacher_lp, student_lp)
         counts = mask.sum(-1).tolist()
         margin = privileged_margin(delta, counts, batch.rewards[rows])
-        sig = [k for k, i in enumerate(rows) if bool(batch.extras["has_signal"][i])]
+        sig = [k for k, i in enumerate(rows) if bool(batch.extras["teacher_signal"][i])]
         if sig:
             with torch.no_grad():  # the student's distribution on its own tokens (pre-update, detached)
                 srow = [rows[k] for k in sig]

@@ -211,81 +211,112 @@ def train(method: Method, run: RunContext, out_dir: Path, label: str = "", finge
     ``fingerprint`` identifies what the run is (job settings, warm start, code);
     a checkpoint written under another fingerprint is discarded, not resumed.
     """
-    cfg, model, ledger, domain = run.train_cfg, run.model, run.ledger, run.domain
-    out_dir.mkdir(parents=True, exist_ok=True)
-    metrics = MetricsLog(out_dir / "metrics.jsonl")
-    ckpt_path = out_dir / "checkpoint.pt"
-    G = method.cfg.group_size
-    for name in ("rollout_budget", "rollouts_per_step"):
-        if getattr(cfg, name) % G:
-            raise ValueError(
-                f"train.{name} ({getattr(cfg, name)}) must be a multiple of {method.name}.group_size ({G})"
-            )
+    training = _Training(method, run, out_dir, label, fingerprint)
+    training.resume_or_start()
+    training.evaluate_if_due()
+    while training.budget_left():
+        training.step()
+        training.evaluate_if_due()
+        training.checkpoint_if_due()
+    return training.final_evaluation()
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sampler = TaskSampler(domain.tasks("train"), run.seed)
-    test_tasks = domain.tasks("test", cfg.eval_episodes)
-    gen = torch.Generator(device=run.device).manual_seed(run.seed)
-    torch.manual_seed(run.seed)
-    evals_done: list[int] = []
 
-    if ckpt_path.exists():
-        state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-        if state.get("fingerprint", "") != fingerprint:
+class _Training:
+    """The state of one run and the named steps :func:`train` takes over it."""
+
+    def __init__(self, method: Method, run: RunContext, out_dir: Path, label: str, fingerprint: str):
+        cfg = run.train_cfg
+        self.method, self.run, self.cfg, self.label, self.fingerprint = method, run, cfg, label, fingerprint
+        self.model, self.ledger, self.domain = run.model, run.ledger, run.domain
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics = MetricsLog(out_dir / "metrics.jsonl")
+        self.ckpt_path = out_dir / "checkpoint.pt"
+        self.G = G = method.cfg.group_size
+        for name in ("rollout_budget", "rollouts_per_step"):
+            if getattr(cfg, name) % G:
+                raise ValueError(
+                    f"train.{name} ({getattr(cfg, name)}) must be a multiple of {method.name}.group_size ({G})"
+                )
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.sampler = TaskSampler(self.domain.tasks("train"), run.seed)
+        self.test_tasks = self.domain.tasks("test", cfg.eval_episodes)
+        self.gen = torch.Generator(device=run.device).manual_seed(run.seed)
+        torch.manual_seed(run.seed)
+        self.evals_done: list[int] = []
+        self.t_start: float | None = None  # when this process took its first step (for the ETA)
+        self.r_start = 0
+
+    # --- resume and checkpoints ------------------------------------------------------
+    def resume_or_start(self) -> None:
+        """Resume from this job's checkpoint if there is one; discard another job's; then start the clock."""
+        ckpt_path, metrics, label = self.ckpt_path, self.metrics, self.label
+        if ckpt_path.exists():
+            state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+            if state.get("fingerprint", "") != self.fingerprint:
+                _log(
+                    f"[{label}] {ckpt_path} belongs to another job (settings, warm start or code changed): starting afresh"
+                )
+                ckpt_path.unlink()
+                metrics.path.unlink(missing_ok=True)
+        if ckpt_path.exists():
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.method.load_state_dict(state["method"])
+            self.ledger.load_state_dict(state["ledger"])
+            self.sampler.load_state_dict(state["sampler"])
+            self.gen.set_state(state["generator"])
+            torch.set_rng_state(state["torch_rng"])
+            self.evals_done = state["evals_done"]
+            metrics.truncate_to_step(self.ledger.steps)
             _log(
-                f"[{label}] {ckpt_path} belongs to another job (settings, warm start or code changed): starting afresh"
+                f"[{label}] resumed from {ckpt_path} at step {self.ledger.steps}, {self.ledger.rollouts}/{self.ledger.rollout_budget} rollouts"
             )
-            ckpt_path.unlink()
-            metrics.path.unlink(missing_ok=True)
-    if ckpt_path.exists():
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        method.load_state_dict(state["method"])
-        ledger.load_state_dict(state["ledger"])
-        sampler.load_state_dict(state["sampler"])
-        gen.set_state(state["generator"])
-        torch.set_rng_state(state["torch_rng"])
-        evals_done = state["evals_done"]
-        metrics.truncate_to_step(ledger.steps)
-        _log(
-            f"[{label}] resumed from {ckpt_path} at step {ledger.steps}, {ledger.rollouts}/{ledger.rollout_budget} rollouts"
-        )
-    elif metrics.path.exists():
-        metrics.path.unlink()  # a previous attempt died before its first checkpoint
+        elif metrics.path.exists():
+            metrics.path.unlink()  # a previous attempt died before its first checkpoint
+        self.model.train()
+        self.ledger.start_clock()
 
-    def checkpoint() -> None:
+    def checkpoint(self) -> None:
         state = {
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "method": method.state_dict(),
-            "ledger": ledger.state_dict(),
-            "sampler": sampler.state_dict(),
-            "generator": gen.get_state(),
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "method": self.method.state_dict(),
+            "ledger": self.ledger.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "generator": self.gen.get_state(),
             "torch_rng": torch.get_rng_state(),
-            "evals_done": evals_done,
-            "fingerprint": fingerprint,
+            "evals_done": self.evals_done,
+            "fingerprint": self.fingerprint,
         }
-        _atomic_write_bytes(ckpt_path, lambda f: torch.save(state, f))
+        _atomic_write_bytes(self.ckpt_path, lambda f: torch.save(state, f))
 
-    def maybe_eval(force: bool = False) -> dict[str, Any] | None:
-        due = [p for p in _eval_points(cfg) if p <= ledger.rollouts and p not in evals_done]
+    def checkpoint_if_due(self) -> None:
+        if self.ledger.steps % self.cfg.checkpoint_every == 0 or self.ledger.remaining < self.G:
+            self.ledger.tick()
+            self.checkpoint()
+
+    # --- evaluation ------------------------------------------------------------------
+    def evaluate_if_due(self, force: bool = False) -> dict[str, Any] | None:
+        """Evaluate on the held-out tasks at each due rollout count (or now, with ``force``)."""
+        cfg, ledger, run = self.cfg, self.ledger, self.run
+        due = [p for p in _eval_points(cfg) if p <= ledger.rollouts and p not in self.evals_done]
         if not due and not force:
             return None
         t0 = time.perf_counter()
         inner = 0 < ledger.rollouts < cfg.rollout_budget and cfg.curve_eval_episodes is not None
-        tasks = test_tasks[: cfg.curve_eval_episodes] if inner else test_tasks
-        res = _base_eval(run, method, tasks, cfg) if ledger.rollouts == 0 else None
+        tasks = self.test_tasks[: cfg.curve_eval_episodes] if inner else self.test_tasks
+        res = _base_eval(run, self.method, tasks, cfg) if ledger.rollouts == 0 else None
         if res is None:
             res = evaluate(
-                model,
+                self.model,
                 run.encoder,
-                domain,
+                self.domain,
                 tasks,
                 cfg.sampling(eval=True),
-                contexts_fn=method.student_contexts,
+                contexts_fn=self.method.student_contexts,
                 seed=run.seed,
             )
-        evals_done.extend(due)
+        self.evals_done.extend(due)
         ledger.add_eval_time(time.perf_counter() - t0)
         rec = {
             "kind": "eval",
@@ -294,33 +325,44 @@ def train(method: Method, run: RunContext, out_dir: Path, label: str = "", finge
             **res,
             "eval_s": round(time.perf_counter() - t0, 4),
         }
-        metrics.write(rec)
+        self.metrics.write(rec)
         _log(
-            f"[{label}] eval at {ledger.rollouts}/{ledger.rollout_budget} rollouts: heldout_reward {res['heldout_reward']:.3f}"
+            f"[{self.label}] eval at {ledger.rollouts}/{ledger.rollout_budget} rollouts: heldout_reward {res['heldout_reward']:.3f}"
         )
         return rec
 
-    model.train()
-    ledger.start_clock()
-    maybe_eval()
-    t_start = time.perf_counter()
-    r_start = ledger.rollouts
-    while ledger.remaining >= G:
+    def final_evaluation(self) -> dict[str, Any]:
+        """The evaluation at the spent budget (made now if the last one was earlier)."""
+        final = [r for r in self.metrics.records() if r["kind"] == "eval"]
+        if not final or final[-1]["rollouts"] != self.ledger.rollouts:
+            final.append(self.evaluate_if_due(force=True))
+            self.checkpoint()
+        return final[-1]
+
+    # --- one step ----------------------------------------------------------------------
+    def budget_left(self) -> bool:
+        return self.ledger.remaining >= self.G
+
+    def step(self) -> None:
+        """Sample one step's rollouts, update the student (and the method's own parts), log it."""
+        cfg, ledger, run, method, model, G = self.cfg, self.ledger, self.run, self.method, self.model, self.G
+        if self.t_start is None:
+            self.t_start, self.r_start = time.perf_counter(), ledger.rollouts
         n_tasks = min(cfg.rollouts_per_step, ledger.remaining) // G
-        tasks = sampler.next(n_tasks)
+        tasks = self.sampler.next(n_tasks)
         expanded = [t for t in tasks for _ in range(G)]
         groups = [i for i in range(n_tasks) for _ in range(G)]
         contexts = method.student_contexts(expanded)
         t0 = time.perf_counter()
         model.eval()
-        rollouts = run_episodes(model, run.encoder, domain, expanded, contexts, cfg.sampling(), generator=gen)
+        rollouts = run_episodes(model, run.encoder, self.domain, expanded, contexts, cfg.sampling(), generator=self.gen)
         model.train()
         t_roll = time.perf_counter() - t0
         ledger.add_rollouts([t.task_id for t in expanded], sum(r.generated_tokens for r in rollouts))
         ledger.add_passes(rollout_tokens=sum(len(r.ids) for r in rollouts))
         t0 = time.perf_counter()
         batch = collate(rollouts, groups, run.encoder.pad_id, run.device)
-        step_metrics = _update(method, model, optimizer, batch, cfg, ledger)
+        step_metrics = _update(method, model, self.optimizer, batch, cfg, ledger)
         step_metrics.update(method.after_step(batch))
         t_update = time.perf_counter() - t0
         ledger.steps += 1
@@ -334,21 +376,12 @@ def train(method: Method, run: RunContext, out_dir: Path, label: str = "", finge
             "update_s": round(t_update, 4),
             **step_metrics,
         }
-        metrics.write(rec)
-        done_now = ledger.rollouts - r_start
-        eta = (time.perf_counter() - t_start) / max(done_now, 1) * ledger.remaining
+        self.metrics.write(rec)
+        done_now = ledger.rollouts - self.r_start
+        eta = (time.perf_counter() - self.t_start) / max(done_now, 1) * ledger.remaining
         _log(
-            f"[{label}] step {ledger.steps} rollouts {ledger.rollouts}/{ledger.rollout_budget} train_reward {rec['train_reward']:.3f} loss {step_metrics.get('loss', float('nan')):.4f} eta {eta:.0f}s"
+            f"[{self.label}] step {ledger.steps} rollouts {ledger.rollouts}/{ledger.rollout_budget} train_reward {rec['train_reward']:.3f} loss {step_metrics.get('loss', float('nan')):.4f} eta {eta:.0f}s"
         )
-        maybe_eval()
-        if ledger.steps % cfg.checkpoint_every == 0 or ledger.remaining < G:
-            ledger.tick()
-            checkpoint()
-    final = [r for r in metrics.records() if r["kind"] == "eval"]
-    if not final or final[-1]["rollouts"] != ledger.rollouts:
-        final.append(maybe_eval(force=True))
-        checkpoint()
-    return final[-1]
 
 
 def _base_eval(run: RunContext, method: Method, tasks: list[Task], cfg: TrainConfig) -> dict[str, Any] | None:

@@ -105,7 +105,6 @@ def test_composer_objective_combines_the_terms():
 @pytest.mark.parametrize(
     "bad",
     [
-        {"teacher_source": "ema", "ema_rate": 0.1},
         {"fill_missing": "pad"},
         {"n_latents": 0},
         {"n_retrieve": 0},
@@ -118,6 +117,14 @@ def test_composer_objective_combines_the_terms():
 def test_bad_lopd_config_is_rejected(bad):
     with pytest.raises(ValueError):
         LOPDConfig(**bad)
+
+
+def test_lopds_teacher_is_always_the_frozen_base_policy():
+    """LOPD has no teacher-weights setting to refuse: its config has no such field."""
+    from methods.core.registry import make_config
+
+    with pytest.raises(ValueError, match="unknown field"):
+        make_config(LOPDConfig, {"teacher_source": "ema", "ema_rate": 0.1}, "methods.lopd")
 
 
 def test_fewer_retrieved_than_j_is_handled_as_configured():

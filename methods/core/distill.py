@@ -41,18 +41,42 @@ from .registry import Method, MethodConfig
 from .teacher import WEIGHT_SOURCES, Teacher
 from .warmstart import mean_agent_logprob
 
-__all__ = ["DistillConfig", "SelfDistillation", "context_gain", "failed_attempt_shift", "gain_record"]
+__all__ = [
+    "DivergenceConfig",
+    "DistillConfig",
+    "SelfDistillation",
+    "distill_loss",
+    "distill_rows",
+    "context_gain",
+    "failed_attempt_shift",
+    "gain_record",
+]
 
 
 @dataclass
-class DistillConfig(MethodConfig):
+class DivergenceConfig(MethodConfig):
+    """The divergence a distillation loss uses (:func:`distill_loss`)."""
+
     group_size: int = 1  # distillation needs no groups: B tasks x 1 rollout
-    teacher_source: str = "frozen"  # frozen | ema | student
-    ema_rate: float = 0.0  # for teacher_source "ema"
-    divergence: str = "forward_kl"  # forward_kl | reverse_kl | jsd | topk_tail
+    divergence: str = "forward_kl"  # any registered one: forward_kl | reverse_kl | jsd | topk_tail | ...
     jsd_beta: float = 0.5
     topk: int = 20  # M of topk_tail
     topk_support: str = "teacher"  # teacher (LOPD's code) | student (TRL's SDPO port)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.divergence not in known_divergences():
+            raise ValueError(f"divergence must be one of {list(known_divergences())}, got {self.divergence!r}")
+        if not (0 <= self.jsd_beta <= 1) or self.topk < 1 or self.topk_support not in ("teacher", "student"):
+            raise ValueError("jsd_beta must be in [0, 1], topk >= 1 and topk_support 'teacher' or 'student'")
+
+
+@dataclass
+class DistillConfig(DivergenceConfig):
+    """A text-context self-distillation method: the divergence and where the teacher's weights come from."""
+
+    teacher_source: str = "frozen"  # frozen | ema | student
+    ema_rate: float = 0.0  # for teacher_source "ema"
 
     def __post_init__(self):
         super().__post_init__()
@@ -60,10 +84,20 @@ class DistillConfig(MethodConfig):
             raise ValueError(f"teacher_source must be one of {list(WEIGHT_SOURCES)}, got {self.teacher_source!r}")
         if self.teacher_source == "ema" and not (0 < self.ema_rate <= 1):
             raise ValueError(f"ema_rate must be in (0, 1] for an EMA teacher, got {self.ema_rate}")
-        if self.divergence not in known_divergences():
-            raise ValueError(f"divergence must be one of {list(known_divergences())}, got {self.divergence!r}")
-        if not (0 <= self.jsd_beta <= 1) or self.topk < 1 or self.topk_support not in ("teacher", "student"):
-            raise ValueError("jsd_beta must be in [0, 1], topk >= 1 and topk_support 'teacher' or 'student'")
+
+
+def distill_rows(batch: RolloutBatch) -> torch.Tensor:
+    """The rollouts distillation learns from: those with ``extras["teacher_signal"]``."""
+    return torch.nonzero(batch.extras["teacher_signal"]).flatten()
+
+
+def distill_loss(cfg: DivergenceConfig, batch: RolloutBatch, rows: torch.Tensor, logits: torch.Tensor):
+    """Token-mean divergence between the student's ``logits`` at its agent tokens of ``rows`` and
+    the teacher's (``extras["teacher_logits"]``, detached): every distillation method's loss."""
+    teacher = torch.cat([batch.extras["teacher_logits"][i] for i in rows.tolist()])
+    per_token = divergence(cfg.divergence, logits, teacher, beta=cfg.jsd_beta, m=cfg.topk, support=cfg.topk_support)
+    loss = token_mean(per_token)
+    return loss, {"distill_div": float(loss.detach())}
 
 
 def expert_trace(domain, task: Task) -> str:
@@ -112,14 +146,10 @@ class SelfDistillation(Method):
         return out
 
     def trainable_rows(self, batch: RolloutBatch) -> torch.Tensor:
-        return torch.nonzero(batch.extras["teacher_signal"]).flatten()
+        return distill_rows(batch)
 
     def loss(self, batch, rows, logp, logits):
-        teacher = torch.cat([batch.extras["teacher_logits"][i] for i in rows.tolist()])
-        cfg = self.cfg
-        per_token = divergence(cfg.divergence, logits, teacher, beta=cfg.jsd_beta, m=cfg.topk, support=cfg.topk_support)
-        loss = token_mean(per_token)
-        return loss, {"distill_div": float(loss.detach())}
+        return distill_loss(self.cfg, batch, rows, logits)
 
     def after_step(self, batch: RolloutBatch) -> dict[str, float]:
         self.teacher.update()

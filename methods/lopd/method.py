@@ -39,9 +39,10 @@ from typing import ClassVar
 import torch
 
 from methods.core.batch import RolloutBatch, agent_logits, pad_examples
-from methods.core.distill import DistillConfig, SelfDistillation, checked_gain
-from methods.core.registry import register_method
+from methods.core.distill import DivergenceConfig, checked_gain, distill_loss, distill_rows
+from methods.core.registry import Method, register_method
 from methods.core.rollout import initial_prompt_ids, trajectory_ids
+from methods.core.teacher import Teacher
 from methods.divergences import divergence, token_mean
 from methods.experience import BankConfig, ExperienceBank
 from methods.experience.bank import same_group_share
@@ -54,9 +55,8 @@ FILL_MODES = ("shorter", "repeat")
 
 
 @dataclass
-class LOPDConfig(DistillConfig):
+class LOPDConfig(DivergenceConfig):
     group_size: int = 1  # B tasks x 1 rollout
-    teacher_source: str = "frozen"  # LOPD's teacher is a frozen copy of the warm start, always
     divergence: str = "topk_tail"
     topk: int = 20
     # retrieval and the composer
@@ -105,10 +105,6 @@ class LOPDConfig(DistillConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.teacher_source != "frozen":
-            raise ValueError(
-                f"LOPD's teacher is the frozen warm start; teacher_source must be 'frozen', got {self.teacher_source!r}"
-            )
         positive = (
             "n_retrieve",
             "n_latents",
@@ -166,7 +162,7 @@ ANCHOR_CACHE_ITEMS = 4096  # cached anchor latents c_φ0, K·d floats each
 
 
 @register_method("lopd")
-class LOPD(SelfDistillation):
+class LOPD(Method):
     Config = LOPDConfig
     uses_bank = True
     needs_cold_start = True
@@ -188,7 +184,9 @@ class LOPD(SelfDistillation):
         return {"phi": {k: v.detach().cpu() for k, v in composer.trainable_state().items()}}, report
 
     def __init__(self, cfg: LOPDConfig, run):
-        super().__init__(cfg, run)  # builds the frozen warm-start teacher copy (self.teacher.model)
+        super().__init__(cfg, run)
+        self.teacher = Teacher(run, "frozen", 0.0)  # a frozen copy of the warm start, always
+        self._gain_logged = False
         self.composer = build_composer(cfg, self.teacher.model, run.encoder, run.seed).to(run.device)
         self.phi0 = {k: v.detach().clone() for k, v in self.composer.trainable_state().items()}
         path = run.cold_start_path
@@ -458,6 +456,13 @@ class LOPD(SelfDistillation):
             }
         )
         return out
+
+    # --- the student's update: distillation on the rollouts with a teacher signal -----
+    def trainable_rows(self, batch: RolloutBatch) -> torch.Tensor:
+        return distill_rows(batch)
+
+    def loss(self, batch, rows, logp, logits):
+        return distill_loss(self.cfg, batch, rows, logits)
 
     # --- checkpoints ---------------------------------------------------------------
     def state_dict(self):

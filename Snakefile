@@ -12,6 +12,9 @@ configfile: "config/config.yaml"
 validate(config, "config/schema.yaml")
 
 
+report: "docs/report-workflow.rst"
+
+
 include: "rules/common.smk"
 include: "rules/warmstart.smk"
 include: "rules/bank.smk"

@@ -27,7 +27,7 @@ rule ablations:
     input:
         runs=expand(f"{OUT}/runs/{{domain}}/{{method}}/seed{{seed}}/summary.json", domain=ABLATION_DOMAINS, method=["lopd"] + ABLATIONS, seed=SEEDS),
     output:
-        csv="results/ablations.csv",
+        csv=report("results/ablations.csv", category="Ablations", subcategory="LOPD variants"),
         md="results/ablations.md",
         curves="results/ablation_curves.csv",
     log:
@@ -47,7 +47,7 @@ rule lopd_dynamics:
         + expand(f"{OUT}/runs/{{domain}}/{{method}}/seed{{seed}}/summary.json", domain=ABLATION_DOMAINS, method=ABLATIONS, seed=SEEDS),
     output:
         csv="results/lopd_dynamics.csv",
-        png="results/lopd_dynamics.png",
+        png=report("results/lopd_dynamics.png", category="Diagnostics", subcategory="LOPD dynamics"),
     log:
         "results/logs/lopd_dynamics.log",
     params:

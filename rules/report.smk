@@ -10,7 +10,7 @@ rule sample_efficiency:
         vanilla=VANILLA_EVALS,
         runs=RUN_SUMMARIES,
     output:
-        png="results/figures/sample_efficiency.png",
+        png=report("results/figures/sample_efficiency.png", category="Figures", subcategory="sample efficiency"),
         pdf="results/figures/sample_efficiency.pdf",
     log:
         "results/logs/sample_efficiency.log",
@@ -26,7 +26,7 @@ rule rollouts_to_target:
     input:
         runs=RUN_SUMMARIES,
     output:
-        csv="results/rollouts_to_target.csv",
+        csv=report("results/rollouts_to_target.csv", category="Sample efficiency", subcategory="rollouts to target"),
         md="results/rollouts_to_target.md",
     log:
         "results/logs/rollouts_to_target.log",
@@ -43,7 +43,7 @@ rule improvement:
         vanilla=VANILLA_EVALS,
         runs=RUN_SUMMARIES,
     output:
-        csv="results/improvement.csv",
+        csv=report("results/improvement.csv", category="Table 1", subcategory="probability of improvement"),
         md="results/improvement.md",
     log:
         "results/logs/improvement.log",
@@ -60,7 +60,7 @@ rule behaviour:
         vanilla=[f"{OUT}/warmstart/{BEHAVIOUR_DOMAIN}/eval.json"],
         runs=expand(f"{OUT}/runs/{BEHAVIOUR_DOMAIN}/{{method}}/seed{{seed}}/summary.json", method=METHODS, seed=SEEDS),
     output:
-        csv="results/behaviour.csv",
+        csv=report("results/behaviour.csv", category="Behaviour", subcategory="tool use"),
         md="results/behaviour.md",
     log:
         "results/logs/behaviour.log",
@@ -76,7 +76,7 @@ rule teacher_check:
     input:
         runs=RUN_SUMMARIES,
     output:
-        csv="results/teacher_check.csv",
+        csv=report("results/teacher_check.csv", category="Diagnostics", subcategory="teacher check"),
         md="results/teacher_check.md",
     log:
         "results/logs/teacher_check.log",
@@ -117,7 +117,7 @@ rule testbed:
         vanilla=VANILLA_EVALS,
         runs=RUN_SUMMARIES,
     output:
-        csv="results/testbed.csv",
+        csv=report("results/testbed.csv", category="Test bed", subcategory="validity checks"),
         md="results/testbed.md",
     log:
         "results/logs/testbed.log",
@@ -135,7 +135,7 @@ rule paired:
         vanilla=VANILLA_EVALS,
         runs=RUN_SUMMARIES,
     output:
-        csv="results/paired.csv",
+        csv=report("results/paired.csv", category="Table 1", subcategory="paired differences"),
         md="results/paired.md",
     log:
         "results/logs/paired.log",
@@ -151,9 +151,9 @@ rule compute:
     input:
         runs=RUN_SUMMARIES,
     output:
-        csv="results/compute.csv",
+        csv=report("results/compute.csv", category="Compute", subcategory="reward against compute"),
         md="results/compute.md",
-        png="results/figures/compute.png",
+        png=report("results/figures/compute.png", category="Compute", subcategory="figure"),
     log:
         "results/logs/compute.log",
     threads: 1

@@ -4,7 +4,7 @@ rule table1:
         vanilla=expand(f"{OUT}/warmstart/{{domain}}/eval.json", domain=DOMAINS),
         runs=expand(f"{OUT}/runs/{{domain}}/{{method}}/seed{{seed}}/summary.json", domain=DOMAINS, method=METHODS, seed=SEEDS),
     output:
-        csv="results/table1.csv",
+        csv=report("results/table1.csv", category="Table 1", subcategory="held-out reward"),
         md="results/table1.md",
         curves="results/curves.csv",
     log:

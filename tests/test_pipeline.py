@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _copy_repo(dst: Path) -> None:
-    for name in ("Snakefile", "config", "rules", "envs", "methods", "tasks", "analysis"):
+    for name in ("Snakefile", "config", "rules", "envs", "methods", "tasks", "analysis", "docs"):
         src = ROOT / name
         if src.is_dir():
             shutil.copytree(src, dst / name, ignore=shutil.ignore_patterns("__pycache__"))
@@ -103,6 +103,13 @@ def test_smoke_pipeline_writes_table1(tmp_path):
         and "## Behaviour" in rep
         and "P(LOPD > GRPO)" in rep
         and "## Teacher sanity check" in rep
+    )
+    # the self-contained HTML report: every figure and table annotated with report() in the rules
+    html = _snakemake(tmp_path, "--report", "results/report.html", "--config", "profile=smoke")
+    assert html.returncode == 0, html.stdout[-3000:] + html.stderr[-3000:]
+    page = (res_dir / "report.html").read_text(errors="replace")
+    assert all(name in page for name in ("sample_efficiency.png", "testbed.csv", "table1.csv", "ablations.csv")), (
+        "report.html misses a figure or table"
     )
     # every run of a domain starts from its one base policy; the runs of a method differ by RL seed only
     for p in (tmp_path / "results" / "smoke" / "runs").glob("*/*/seed*/summary.json"):

@@ -185,7 +185,7 @@ def _domain_version(job: dict) -> str:
 
 def cmd_install_base(args) -> None:
     """The warm start from a base policy shipped in the repository (see methods/core/shipped.py)."""
-    from methods.core.shipped import install
+    from methods.core.shipped import evaluation_differs, install
 
     job = _job(args.job)
     try:
@@ -196,17 +196,63 @@ def cmd_install_base(args) -> None:
         f"[warmstart] {job['domain']}: installed the shipped base policy {args.shipped} (heldout_reward {manifest['scores'].get('heldout_reward')}, every file checked against its manifest) into {args.out}",
         file=sys.stderr,
     )
+    differ = evaluation_differs(manifest["job"], job)
+    if differ:
+        _reevaluate_base(Path(args.out), job, args.seed, args.device, differ)
+
+
+def _reevaluate_base(out: Path, job: dict, seed: int, device: str, differ: list[str]) -> None:
+    """Evaluate an installed base policy with this job's evaluation settings, as its build's last
+    stage does (:func:`methods.core.warmstart.warm_start_eval`, same seed), and update its
+    ``eval.json``: the held-out and training-split scores and the context check are this job's; the
+    build's own records (``stage1_*``, wall times) stay, and ``reevaluated`` says what changed."""
+    from methods.core.loop import TrainConfig
+    from methods.core.policy import load_policy
+    from methods.core.provenance import write_json_atomic
+    from methods.core.registry import make_config
+    from methods.core.tokenizer import ChatEncoder
+    from methods.core.warmstart import WarmStartConfig, warm_start_eval
+    from tasks.base import get_domain
+
+    t0 = time.perf_counter()
+    train_cfg = make_config(TrainConfig, job["train"], "train")
+    ws_cfg = make_config(WarmStartConfig, job["warmstart"], "warmstart")
+    domain = get_domain(job["domain"], seed=job["task_seed"], **job["domain_options"])
+    model, tokenizer = load_policy(out / "model", device=device)
+    res = warm_start_eval(
+        model, ChatEncoder(tokenizer), domain, ws_cfg, train_cfg.sampling(eval=True), train_cfg.eval_episodes, seed
+    )
+    domain.close()
+    report = json.loads((out / "eval.json").read_text())
+    shipped_job = report.get("job")
+    report.update(res)
+    report["job"] = job
+    report["reevaluated"] = {
+        "settings": differ,
+        "shipped_job": shipped_job,
+        "wall_s": round(time.perf_counter() - t0, 2),
+    }
+    write_json_atomic(out / "eval.json", report)
+    print(
+        f"[warmstart] {job['domain']}: evaluated the installed base policy again for {', '.join(differ)}: "
+        f"heldout_reward {res['heldout_reward']:.3f} (SE {res['heldout_reward_se']:.4f}) on {res['heldout_episodes']} tasks",
+        file=sys.stderr,
+    )
 
 
 def cmd_ship_base(args) -> None:
     """Copy a built base policy into the repository's shipped bases, with its manifest."""
     from methods.core.provenance import provenance
-    from methods.core.shipped import defining, ship
+    from methods.core.shipped import NOT_DEFINING, ship
 
     job = _job(args.job)
     src = Path(args.warmstart)
     recorded = json.loads((src / "eval.json").read_text())
-    if defining(recorded.get("job") or {}) != defining(job) or recorded.get("seed") != args.seed:
+
+    def settings(j: dict) -> dict:  # the whole job (its evaluation too: eval.json is shipped), not the profile name
+        return {k: v for k, v in j.items() if k not in NOT_DEFINING}
+
+    if settings(recorded.get("job") or {}) != settings(job) or recorded.get("seed") != args.seed:
         raise SystemExit(
             f"error: {src} was not built with this job and seed {args.seed}; build it with the pipeline first"
         )

@@ -177,6 +177,23 @@ def _check_shipped_base(tmp_path: Path, smoke: Path) -> None:
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     check = json.loads((smoke / "base_rebuild" / "code" / "check.json").read_text())
     assert check["bit_identical"] and check["scores_equal"] and "model/model.safetensors" in check["model_files"], check
+    # another evaluation size: the shipped base still fits (its weights do not depend on it) and is
+    # evaluated again with the new size instead of being trained
+    cfg_path = tmp_path / "config" / "config.yaml"
+    original = cfg_path.read_text()
+    more = yaml.safe_load(original)
+    more["profiles"]["smoke"]["train"]["eval_episodes"] = 20
+    cfg_path.write_text(yaml.safe_dump(more))
+    shutil.rmtree(smoke / "warmstart_stage1" / "code")  # (base_rebuild built it)
+    try:
+        res = _snakemake(tmp_path, "results/smoke/warmstart/code/eval.json", "--config", "profile=smoke")
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        ev = json.loads((smoke / "warmstart" / "code" / "eval.json").read_text())
+        assert ev["heldout_episodes"] == 20 and ev["reevaluated"]["settings"] == ["train.eval_episodes"], ev
+        assert ev["job"]["train"]["eval_episodes"] == 20
+        assert not (smoke / "warmstart_stage1" / "code").exists()  # installed, not trained
+    finally:
+        cfg_path.write_text(original)
 
 
 @pytest.mark.parametrize(

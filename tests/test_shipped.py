@@ -11,7 +11,12 @@ import yaml
 from methods.core import shipped
 
 ROOT = Path(__file__).resolve().parents[1]
-JOB = {"profile": "p", "domain": "code", "warmstart": {"steps": 3}, "train": {"eval_episodes": 4}}
+JOB = {
+    "profile": "p",
+    "domain": "code",
+    "warmstart": {"steps": 3},
+    "train": {"eval_episodes": 4, "temperature": 0.7, "lr": 0.1},
+}
 
 
 def _fake_base(path: Path, weights: bytes = b"\x00\x01weights") -> Path:
@@ -52,7 +57,7 @@ def test_install_refuses_a_tampered_or_mismatched_base_and_writes_nothing(tmp_pa
     dst = shipped.shipped_dir("p", "code", tmp_path)
     shipped.ship(_fake_base(tmp_path / "built"), dst, JOB, 0, "code-v6", {})
     with pytest.raises(ValueError, match="other settings"):
-        shipped.install(dst, tmp_path / "ws1", {**JOB, "train": {}}, 0, "code-v6")
+        shipped.install(dst, tmp_path / "ws1", {**JOB, "train": {**JOB["train"], "temperature": 1.0}}, 0, "code-v6")
     (dst / "model" / "model.safetensors").write_bytes(b"\x00\x02weights")
     with pytest.raises(ValueError, match="model/model.safetensors"):
         shipped.install(dst, tmp_path / "ws2", JOB, 0, "code-v6")
@@ -87,6 +92,23 @@ def test_shipped_base_matches_its_configuration(manifest):
     seed = profile_section(config).get("base_seed", 0)
     assert shipped.mismatch(json.loads(manifest.read_text()), job, seed, d.version) is None
     assert shipped.verify(manifest.parent) == []
+
+
+def test_the_runs_own_settings_do_not_define_the_base_policy(tmp_path):
+    """Only the sampling settings of the base's on-policy stage define its weights; a shipped base
+    fits any budget, learning rate or evaluation size, and the evaluation settings that differ are
+    named (the install evaluates it again for them)."""
+    dst = shipped.shipped_dir("p", "code", tmp_path)
+    shipped.ship(_fake_base(tmp_path / "built"), dst, JOB, 0, "code-v6", {})
+    runs_own = {**JOB, "train": {**JOB["train"], "lr": 0.2, "eval_episodes": 12, "rollout_budget": 64}}
+    assert shipped.matches("p", "code", runs_own, 0, "code-v6", root=tmp_path) == (dst, None)
+    assert shipped.evaluation_differs(JOB, runs_own) == ["train.eval_episodes"]
+    assert shipped.evaluation_differs(JOB, {**JOB, "train": {**JOB["train"], "lr": 0.2}}) == []
+    sampling = {**JOB, "train": {**JOB["train"], "max_new_tokens": 9}}
+    assert shipped.matches("p", "code", sampling, 0, "code-v6", root=tmp_path) == (
+        None,
+        "settings train.max_new_tokens",
+    )
 
 
 def test_a_profile_name_is_not_a_setting(tmp_path):

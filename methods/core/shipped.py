@@ -6,9 +6,12 @@ when it provably is what the configuration would build:
 
 * ``manifest.json`` records the resolved job it was built from, its seed, the task domain's
   version and the SHA-256 of every file (``model/*`` and ``eval.json``);
-* the ``warmstart`` rule installs it only if that job, seed and domain version equal the current
-  ones (:func:`matches`), and the install re-hashes every file (:func:`install`); otherwise the
-  pipeline trains the base policy as usual;
+* the ``warmstart`` rule installs it only if the settings its weights depend on (:func:`defining`),
+  its seed and the domain version equal the current ones (:func:`matches`), and the install
+  re-hashes every file (:func:`install`); otherwise the pipeline trains the base policy as usual;
+* its evaluation follows the configuration: where the evaluation settings differ from those it
+  was shipped with (:func:`evaluation_differs`), the install evaluates it again (``methods.cli
+  install-base``), exactly as a build with those settings would;
 * the ``base_rebuild`` rule trains it again from scratch and compares file by file
   (:func:`compare`): the model files must be bit-identical on the same software versions.
 
@@ -30,11 +33,27 @@ SHIPPED_ROOT = Path("results") / "base"
 EVAL_SCORES = ("heldout_reward", "heldout_success", "heldout_turns", "stage1_heldout_reward")
 # a profile's name is not a setting: the same settings under another name build the same policy
 NOT_DEFINING = ("profile",)
+# The training settings a base policy's weights depend on: its on-policy stage samples the
+# policy's own attempts with them.  The runs' other settings (budget, learning rate, evaluation
+# sizes, ...) do not touch the base policy, so a shipped one fits any of them.
+BASE_TRAIN_SETTINGS = ("temperature", "max_new_tokens", "max_seq_len")
+# What the base policy's evaluation (eval.json: held-out and training-split scores) depends on.
+EVAL_SETTINGS = ("eval_episodes", "eval_temperature", "max_new_tokens", "max_seq_len")
 
 
 def defining(job: dict[str, Any]) -> dict[str, Any]:
-    """The settings a base policy depends on: its job without the profile's name."""
-    return {k: v for k, v in job.items() if k not in NOT_DEFINING}
+    """The settings a base policy's weights depend on: its job without the profile's name, and of
+    the training settings only :data:`BASE_TRAIN_SETTINGS`."""
+    out = {k: v for k, v in job.items() if k not in NOT_DEFINING}
+    if isinstance(out.get("train"), dict):
+        out["train"] = {k: out["train"][k] for k in BASE_TRAIN_SETTINGS if k in out["train"]}
+    return out
+
+
+def evaluation_differs(shipped_job: dict[str, Any], job: dict[str, Any]) -> list[str]:
+    """The evaluation settings in which ``job`` differs from the job a base was shipped with."""
+    a, b = shipped_job.get("train") or {}, job.get("train") or {}
+    return [f"train.{k}" for k in EVAL_SETTINGS if a.get(k) != b.get(k)]
 
 
 def shipped_dir(profile: str, domain: str, root: Path | str = ".") -> Path:

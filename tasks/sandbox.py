@@ -182,6 +182,7 @@ def _extension_modules() -> list[str]:
 def _preload() -> None:
     """Import what programs commonly use, and every stdlib extension module: a child that runs
     as ``nobody`` can neither read nor ``dlopen`` files under a root-only directory."""
+    import importlib.util  # noqa: F401  (_StdlibFinder's, imported now: never from inside an import)
     import warnings
 
     for name in _PRELOAD:

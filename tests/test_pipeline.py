@@ -105,7 +105,7 @@ def test_smoke_pipeline_writes_table1(tmp_path):
         and "## Teacher sanity check" in rep
     )
     # the self-contained HTML report: every figure and table annotated with report() in the rules
-    html = _snakemake(tmp_path, "--report", "results/report.html", "--config", "profile=smoke")
+    html = _snakemake(tmp_path, "results/report.md", "--report", "results/report.html", "--config", "profile=smoke")
     assert html.returncode == 0, html.stdout[-3000:] + html.stderr[-3000:]
     page = (res_dir / "report.html").read_text(errors="replace")
     assert all(name in page for name in ("sample_efficiency.png", "testbed.csv", "table1.csv", "ablations.csv")), (

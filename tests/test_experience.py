@@ -106,6 +106,7 @@ def test_state_roundtrip_restores_identical_retrieval(encoder, tmp_path):
     assert not (tmp_path / "bank.pt.tmp").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("domain_name, min_ratio", [("tooluse", 20), ("code", 5)])
 def test_retrieval_finds_same_group_experience_far_above_chance(domain_name, min_ratio, encoder):
     """A held-out task's neighbours come from its own variant/family (what the task line lacks)."""

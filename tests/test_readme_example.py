@@ -71,6 +71,7 @@ def test_the_example_resumes_exactly(rloo_dropped_in, warmstarts, seeded_banks, 
     test_contract.test_resume_after_interruption_matches_uninterrupted_run("rloo", warmstarts, seeded_banks, tmp_path)
 
 
+@pytest.mark.slow
 def test_one_config_line_puts_it_in_table1(tmp_path):
     _copy_repo(tmp_path)
     (tmp_path / "methods" / "rloo.py").write_text(EXAMPLE)

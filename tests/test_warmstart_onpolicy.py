@@ -85,6 +85,7 @@ def test_onpolicy_config_bounds():
             WarmStartConfig(**bad)
 
 
+@pytest.mark.slow
 def test_stage2_job_continues_stage1_or_passes_it_through_and_refuses_another_stage1(tmp_path):
     """methods.cli: ``warmstart`` builds stage 1 (its job without onpolicy_*), ``warmstart-stage2``
     continues it with the on-policy stage, or, with the stage off, hands stage 1 on unchanged."""

@@ -83,3 +83,29 @@ def test_one_config_line_puts_it_in_table1(tmp_path):
     assert dry.returncode == 0, dry.stdout + dry.stderr
     planned = set(re.findall(r"domain=(\w+), method=rloo, seed=(\d+)", dry.stdout))
     assert {d for d, _ in planned} == set(DOMAINS), dry.stdout[-3000:]
+
+
+def test_an_installed_package_adds_a_method_through_an_entry_point(tmp_path, monkeypatch):
+    """A baseline may live in another package: an entry point of the group lopd_bench.methods
+    names its module, which registers it."""
+    import importlib.metadata
+
+    pkg = tmp_path / "site" / "extbaselines"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "rloo.py").write_text(EXAMPLE)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    ep = importlib.metadata.EntryPoint(name="rloo", value="extbaselines.rloo", group=registry.ENTRY_POINT_GROUP)
+    real = importlib.metadata.entry_points
+
+    def fake(**kw):
+        return [ep] if kw.get("group") == registry.ENTRY_POINT_GROUP else real(**kw)
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", fake)
+    try:
+        assert "extbaselines.rloo" in registry.method_modules()
+        assert "rloo" in registry.known_methods() and registry.get_method("rloo").__module__ == "extbaselines.rloo"
+    finally:
+        sys.modules.pop("extbaselines.rloo", None)
+        sys.modules.pop("extbaselines", None)
+        registry._METHODS.pop("rloo", None)

@@ -40,7 +40,7 @@ from .runs import final_rows, write_table
 from .stats import bootstrap_ci
 
 COLUMNS = ["domain", "check", "value", "threshold", "pass"]
-# check -> (comparison, threshold, what it says); the thresholds, never relaxed
+# check -> (comparison, threshold, what it says); the thresholds of docs/testbed.md, never relaxed
 CHECKS = {
     "grpo_gain": (">=", 0.10, "GRPO minus the base policy, held-out reward, mean over RL seeds"),
     "grpo_gain_ci_low": (">", 0.0, "lower end of that difference's 95 % CI over seeds"),

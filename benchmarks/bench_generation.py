@@ -1,5 +1,5 @@
 """Generation efficiency: the rollout engine's achieved fp32 FLOP/s against the machine's
-measured fp32 matmul peak (issue target: >= 25 %).
+measured fp32 matmul peak (target: >= 25 %).
 
     python benchmarks/bench_generation.py --warmstart results/small/warmstart/code --domain code
     python benchmarks/bench_generation.py --warmstart results/small/warmstart/tooluse --domain tooluse

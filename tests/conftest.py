@@ -103,6 +103,30 @@ def varied_reward_domain(inner):
     return Varied(seed=inner.seed, **inner.options)
 
 
+def tiny_run(ws_path: Path, domain_name: str = "tooluse", train_cfg=None, out_dir: Path | None = None):
+    """A RunContext on a tiny warm start (the domain wrapped so an untrained policy sees reward variance)."""
+    from methods.core.ledger import Ledger
+    from methods.core.loop import RunContext
+    from methods.core.policy import load_policy
+    from methods.core.tokenizer import ChatEncoder
+    from tasks.base import get_domain
+
+    train_cfg = train_cfg or tiny_configs()[2]
+    model, tok = load_policy(ws_path / "model")
+    return RunContext(
+        model=model,
+        tokenizer=tok,
+        encoder=ChatEncoder(tok),
+        domain=varied_reward_domain(get_domain(domain_name, seed=0)),
+        train_cfg=train_cfg,
+        ledger=Ledger(train_cfg.rollout_budget),
+        seed=0,
+        device=torch.device("cpu"),
+        warmstart_path=ws_path,
+        out_dir=out_dir,
+    )
+
+
 @pytest.fixture(scope="session")
 def seeded_banks(tmp_path_factory):
     """{domain: Path} of experience banks seeded with the scripted expert's trajectories of 40

@@ -15,14 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from methods.core.ledger import Ledger
-from methods.core.loop import RunContext, train
-from methods.core.policy import load_policy
+from methods.core.loop import train
 from methods.core.registry import get_method, known_methods
-from methods.core.tokenizer import ChatEncoder
-from tasks.base import get_domain
 
-from .conftest import DOMAINS, tiny_configs, varied_reward_domain
+from .conftest import DOMAINS, tiny_configs, tiny_run
 
 SHARED_TRAIN_KEYS = {
     "kind",
@@ -42,23 +38,8 @@ SHARED_EVAL_KEYS = {"kind", "step", "rollouts", "heldout_reward", "heldout_succe
 
 
 def _run(method_name, domain_name, ws_path: Path, out: Path, train_cfg=None, banks=None):
-    _, _, default_train = tiny_configs()
-    train_cfg = train_cfg or default_train
     cls = get_method(method_name)
-    model, tok = load_policy(ws_path / "model")
-    domain = varied_reward_domain(get_domain(domain_name, seed=0))
-    run = RunContext(
-        model=model,
-        tokenizer=tok,
-        encoder=ChatEncoder(tok),
-        domain=domain,
-        train_cfg=train_cfg,
-        ledger=Ledger(train_cfg.rollout_budget),
-        seed=0,
-        device=torch.device("cpu"),
-        warmstart_path=ws_path,
-        out_dir=out,
-    )
+    run = tiny_run(ws_path, domain_name, train_cfg, out)
     if cls.uses_bank and banks is not None:  # as the pipeline does: a bank seeded before RL
         run.bank_path = banks[domain_name]
     method = cls(cls.Config(), run)

@@ -6,33 +6,17 @@ import pytest
 import torch
 
 from methods.core.batch import agent_token_logprobs, collate
-from methods.core.ledger import Ledger
-from methods.core.loop import RunContext, train
-from methods.core.policy import load_policy
+from methods.core.loop import train
 from methods.core.registry import get_method
 from methods.core.rollout import run_episodes
 from methods.core.teacher import Teacher
-from methods.core.tokenizer import ChatEncoder
 from tasks.base import get_domain
 
-from .conftest import tiny_configs, varied_reward_domain
+from .conftest import tiny_run
 
 
 def _run(ws_path, domain_name="tooluse"):
-    _, _, train_cfg = tiny_configs()
-    model, tok = load_policy(ws_path / "model")
-    domain = varied_reward_domain(get_domain(domain_name, seed=0))
-    return RunContext(
-        model=model,
-        tokenizer=tok,
-        encoder=ChatEncoder(tok),
-        domain=domain,
-        train_cfg=train_cfg,
-        ledger=Ledger(train_cfg.rollout_budget),
-        seed=0,
-        device=torch.device("cpu"),
-        warmstart_path=ws_path,
-    )
+    return tiny_run(ws_path, domain_name)
 
 
 def _rollouts(run, n=4):

@@ -139,30 +139,9 @@ def test_fewer_retrieved_than_j_is_handled_as_configured():
 
 @pytest.fixture
 def lopd_run(warmstarts, seeded_banks, tmp_path):
-    from methods.core.ledger import Ledger
-    from methods.core.loop import RunContext
-    from methods.core.policy import load_policy
-    from methods.core.tokenizer import ChatEncoder
-    from tasks.base import get_domain
+    from .conftest import tiny_run
 
-    from .conftest import tiny_configs, varied_reward_domain
-
-    _, _, train_cfg = tiny_configs()
-    ws_path, _ = warmstarts["tooluse"]
-    model, tok = load_policy(ws_path / "model")
-    domain = varied_reward_domain(get_domain("tooluse", seed=0))
-    run = RunContext(
-        model=model,
-        tokenizer=tok,
-        encoder=ChatEncoder(tok),
-        domain=domain,
-        train_cfg=train_cfg,
-        ledger=Ledger(train_cfg.rollout_budget),
-        seed=0,
-        device=torch.device("cpu"),
-        warmstart_path=ws_path,
-        out_dir=tmp_path,
-    )
+    run = tiny_run(warmstarts["tooluse"][0], "tooluse", out_dir=tmp_path)
     run.bank_path = seeded_banks["tooluse"]
     return run
 

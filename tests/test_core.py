@@ -232,3 +232,84 @@ def test_agent_token_logprobs_equal_the_full_vocabulary_pass(tok):
     (grad,) = torch.autograd.grad(logp.sum(), m.get_output_embeddings().weight)
     (ref_grad,) = torch.autograd.grad((ref_logp * mask).sum(), m.get_output_embeddings().weight)
     assert torch.allclose(grad, ref_grad, atol=1e-5)
+
+
+@pytest.mark.parametrize("lengths", [[5], [40, 40, 40], [700, 150, 690, 160, 400], [3, 1000, 2, 999, 5, 4]])
+def test_length_groups_partition_the_rows_and_never_cost_more_than_one_group(lengths):
+    from itertools import combinations
+
+    from methods.core.lengths import length_groups
+
+    groups = length_groups(lengths, overhead=64)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+
+    def cost(gs):
+        return sum(len(g) * max(lengths[i] for i in g) + 64 for g in gs)
+
+    assert cost(groups) <= cost([list(range(len(lengths)))])
+    # exact: no split of the length-sorted rows into contiguous runs is cheaper
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    for k in range(len(order)):
+        for cuts in combinations(range(1, len(order)), k):
+            bounds = [0, *cuts, len(order)]
+            assert cost(groups) <= cost([order[a:b] for a, b in zip(bounds, bounds[1:])]) + 1e-9
+
+
+def test_grouped_agent_logits_equal_one_padded_forward(tok):
+    """Rows of very different lengths run in separate forwards: same logits, same order, same gradients."""
+    from methods.core.batch import agent_logits, pad_examples
+    from methods.core.lengths import length_groups
+
+    m = build_policy(ModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64), tok, seed=4)
+    g = torch.Generator().manual_seed(2)
+    lengths = [90, 12, 85, 14, 50, 11]
+    examples = []
+    for n in lengths:
+        ids = torch.randint(5, len(tok), (n,), generator=g).tolist()
+        examples.append((ids, (torch.rand(n, generator=g) < 0.4).long().tolist()))
+    ids, attn, mask = pad_examples(examples, pad_id=0)
+    assert len(length_groups(lengths)) > 1  # the grouped path is taken
+    out = agent_logits(m, ids, attn, mask)
+    ref = agent_logits(m, ids, attn, mask, grouped=False)
+    assert out.shape == ref.shape == (int(mask.sum()), len(tok))
+    assert torch.allclose(out, ref, atol=1e-5)
+    w = m.get_output_embeddings().weight
+    (grad,) = torch.autograd.grad(out.logsumexp(-1).sum(), w)
+    (ref_grad,) = torch.autograd.grad(ref.logsumexp(-1).sum(), w)
+    assert torch.allclose(grad, ref_grad, rtol=1e-4, atol=1e-5)
+    # a left-padded batch is not split (its rows' real tokens are not a prefix)
+    left = torch.flip(attn, dims=[1])
+    assert torch.equal(agent_logits(m, ids, left, mask), agent_logits(m, ids, left, mask, grouped=False))
+
+
+def test_grouped_prefill_equals_each_conversation_alone(tok):
+    """Turns of very different lengths are fed in length groups into one cache; every row's
+    next-token logits equal a full forward of that row's conversation alone, after the first
+    turn, after a decode and after a second, ragged segment."""
+    from methods.core.lengths import length_groups
+    from methods.core.rollout import _Batch
+
+    m = build_policy(ModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64), tok, seed=3).eval()
+    g = torch.Generator().manual_seed(5)
+
+    def draw(lengths):
+        return [torch.randint(5, len(tok), (n,), generator=g).tolist() for n in lengths]
+
+    first, second = [10, 200, 12, 190, 100], [150, 3, 140, 4, 60]
+    assert len(length_groups(first)) > 1 and len(length_groups(second)) > 1
+    rows = draw(first)
+
+    def check(batch, rows):
+        for i, ids in enumerate(rows):
+            ref = m(input_ids=torch.tensor([ids])).logits[0, -1]
+            assert torch.allclose(batch.logits[i], ref, atol=1e-4), i
+
+    with torch.no_grad():
+        batch = _Batch(m, rows, tok.pad_token_id)
+        check(batch, rows)
+        tokens, _, unfed = batch.decode(tok.eos_token_id, 5, 0.0, None, False)
+        rows = [r + t[: len(t) - len(u)] for r, t, u in zip(rows, tokens, unfed)]  # what the cache holds
+        segments = [u + s for u, s in zip(unfed, draw(second))]
+        batch.extend(segments)
+        rows = [r + s for r, s in zip(rows, segments)]
+        check(batch, rows)

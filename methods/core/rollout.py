@@ -25,6 +25,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from tasks.base import Episode, Task, TaskDomain, render_user_message
 
+from .lengths import length_groups
 from .tokenizer import ChatEncoder
 
 
@@ -131,6 +132,28 @@ class _SlabLayer(DynamicLayer):
         self._k, self._v, self._n = k, v, W
         self._views()
 
+    def write(self, rows: torch.Tensor, start: int, k: torch.Tensor, v: torch.Tensor, batch: int, room: int) -> None:
+        """Write ``k``/``v`` [b, H, w, D] into rows ``rows`` at columns ``start``..``start + w``
+        (columns :meth:`open` made), allocating a zeroed slab of ``batch`` rows and ``room``
+        columns on first use.  Does not move the filled length (:meth:`open` does)."""
+        if not self.is_initialized:
+            self.lazy_initialization(k, v)
+            self._n = 0
+            self._k = k.new_zeros((batch, k.shape[1], room, k.shape[3]))
+            self._v = v.new_zeros((batch, v.shape[1], room, v.shape[3]))
+        self._k[rows, :, start : start + k.shape[2]] = k
+        self._v[rows, :, start : start + v.shape[2]] = v
+
+    def open(self, width: int) -> None:
+        """Zero the next ``width`` columns (room for them is reserved)."""
+        if self.is_initialized:
+            self._k[:, :, self._n : self._n + width] = 0
+            self._v[:, :, self._n : self._n + width] = 0
+
+    def advance(self, width: int) -> None:
+        self._n += width
+        self._views()
+
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         if self.is_initialized and self._n:
             self._k, self._v = self._k[indices], self._v[indices]
@@ -194,10 +217,59 @@ class _Batch:
         self.logits = out.logits[:, -1, :]
 
     def extend(self, segments: Sequence[Sequence[int]]) -> None:
-        """Append one (non-empty) segment of tokens per row, left-padded to a common width."""
+        """Append one (non-empty) segment of tokens per row, left-padded to a common width.
+
+        Segments of very different lengths (code's test reports run from about 50
+        to 300 tokens) are fed in length groups (:func:`~methods.core.lengths.length_groups`),
+        each padded only to its own longest segment, into one cache layout: the
+        same per-row computation as one padded forward, with less padding.
+        """
         ids, real = _left_pad(segments, self.pad_id, self.device)
         self._compact(extra=ids.shape[1] + self.headroom)
-        self._forward(ids, real)
+        groups = length_groups([len(x) for x in segments]) if len(segments) > 1 else []
+        if len(groups) <= 1:
+            self._forward(ids, real)
+        else:
+            self._forward_groups(ids, real, groups)
+
+    def _forward_groups(self, ids: torch.Tensor, real: torch.Tensor, groups: list[list[int]]) -> None:
+        """:meth:`_forward` of a left-padded segment [B, W], one length group of rows at a time."""
+        B, W = ids.shape
+        past = self.attn.shape[1]
+        pos = (self.length + real.cumsum(-1) - 1).clamp(min=0)
+        attn = torch.cat([self.attn, real], dim=1)
+        for layer in self.cache.layers:
+            layer.open(W)
+        logits = None
+        for rows in groups:
+            w = int(real[rows].sum(-1).max())
+            idx = torch.tensor(rows, dtype=torch.long, device=self.device)
+            sub = _SlabCache()
+            if past:
+                for li, layer in enumerate(self.cache.layers):
+                    sub.update(layer.keys[idx], layer.values[idx], li)
+                sub.reserve(w)
+            cols = torch.cat([attn[idx, :past], attn[idx, past + W - w :]], dim=1)
+            out = self.model(
+                input_ids=ids[idx, W - w :],
+                attention_mask=cols,
+                position_ids=pos[idx, W - w :],
+                past_key_values=sub,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            while len(self.cache.layers) < len(sub.layers):
+                self.cache.layers.append(_SlabLayer())
+            for layer, new in zip(self.cache.layers, sub.layers):
+                layer.write(idx, past + W - w, new.keys[:, :, past:], new.values[:, :, past:], B, W + self.headroom)
+            if logits is None:
+                logits = out.logits.new_empty((B, out.logits.shape[-1]))
+            logits[idx] = out.logits[:, -1, :]
+        for layer in self.cache.layers:
+            layer.advance(W)
+        self.attn = attn
+        self.length = self.length + real.sum(-1, keepdim=True)
+        self.logits = logits
 
     def _compact(self, extra: int, min_waste: float = 0.1) -> None:
         """Left-align each row's real columns when padding is over ``min_waste`` of the cache."""

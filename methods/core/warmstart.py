@@ -355,7 +355,7 @@ def masked_nll(model, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor)
     Only the masked positions go through the output head (:func:`agent_logits`).
     """
     keep = mask.bool()
-    logits = agent_logits(model, ids, attn, mask)
+    logits = agent_logits(model, ids, attn, mask, grouped=False)  # bit-identical rebuilds of shipped bases
     nll = torch.nn.functional.cross_entropy(logits, ids[:, 1:][keep], reduction="sum")
     return nll, keep.sum()
 

@@ -313,3 +313,43 @@ def test_grouped_prefill_equals_each_conversation_alone(tok):
         batch.extend(segments)
         rows = [r + s for r, s in zip(rows, segments)]
         check(batch, rows)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_parking_finished_rows_changes_no_sample(tok, temperature):
+    """Finished rows set aside mid-turn: the same tokens, log-probs and unfed tails as decoding
+    every row to the end, the same generator stream, and a merged cache that continues the
+    conversations exactly (next-turn logits)."""
+    from methods.core.rollout import _Batch
+
+    m = build_policy(ModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64), tok, seed=6).eval()
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(5, len(tok), (int(n),), generator=g).tolist() for n in torch.randint(3, 30, (48,))]
+    eos = tok.eos_token_id
+    with torch.no_grad():  # point eos's output row along the mean hidden state: rows end at different steps
+        h = m.base_model(input_ids=torch.tensor([p[:3] for p in prompts])).last_hidden_state.reshape(-1, 32)
+        m.get_output_embeddings().weight[eos] = 4.0 * h.mean(0) / h.mean(0).norm()
+
+    def run(park: bool):
+        gen = torch.Generator().manual_seed(11)
+        with torch.no_grad():
+            b = _Batch(m, prompts, tok.pad_token_id)
+            if not park:
+                b.PARK_BELOW = 0.0
+            fed = []
+            b.feed = (lambda f: lambda tok, real: (fed.append(len(tok)), f(tok, real))[1])(b.feed)
+            out = b.decode(eos, 24, temperature, gen, True)
+            merged = min(fed)  # fewest rows a decode step ran
+            segments = [u + [7, 8, 9][: 1 + i % 3] for i, u in enumerate(out[2])]
+            b.extend(segments)
+        return out, b.logits, gen.get_state(), merged
+
+    (tokens, logps, unfed), logits, state, merged = run(park=True)
+    (ref_tokens, ref_logps, ref_unfed), ref_logits, ref_state, ref_merged = run(park=False)
+    assert merged < ref_merged == len(prompts)  # rows were parked: later steps ran fewer rows
+    lengths = [len(t) for t in tokens]
+    assert min(lengths) < 24 / 2 and max(lengths) == 24  # some rows end early, some run to the cap
+    assert tokens == ref_tokens and unfed == ref_unfed and torch.equal(state, ref_state)
+    for a, b in zip(logps, ref_logps):
+        assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)
+    assert torch.allclose(logits, ref_logits, atol=1e-4)

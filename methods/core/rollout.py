@@ -150,6 +150,11 @@ class _SlabLayer(DynamicLayer):
             self._k[:, :, self._n : self._n + width] = 0
             self._v[:, :, self._n : self._n + width] = 0
 
+    def adopt(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Replace the cache by ``k``/``v`` [B, H, n, D], all filled."""
+        self._k, self._v, self._n = k, v, k.shape[2]
+        self._views()
+
     def advance(self, width: int) -> None:
         self._n += width
         self._views()
@@ -294,20 +299,34 @@ class _Batch:
         self.cache.batch_select_indices(idx)
         self.attn, self.length, self.logits = self.attn[idx], self.length[idx], self.logits[idx]
 
+    #: decoding sets finished rows aside (:meth:`_park`) once fewer than this share of the
+    #: decoded rows is still running, and only when at least ``PARK_MIN_ROWS`` rows are decoded
+    PARK_BELOW = 0.5
+    PARK_MIN_ROWS = 16
+
     def decode(self, eos_id: int, max_new_tokens: int, temperature: float, generator, return_logprobs: bool):
         """Sample one continuation per row, each ending at ``eos_id`` or cut at ``max_new_tokens``.
 
         Returns (tokens, logprobs or None, unfed): every sampled token is in the
         cache except each row's ``unfed`` tail (the tokens of the last step),
         which the next :meth:`extend` must prepend to that row's segment.
+
+        Rows that finished stop costing forwards: once most decoded rows are done,
+        they are set aside with their cache (:meth:`_park`) and merged back after
+        the last step (:meth:`_unpark`).  Every step still samples all rows from
+        one [B, V] matrix (a parked row's logits stay as they were and its draws
+        are discarded), so the generator's stream, and every running row's
+        sample, are the same as without parking.
         """
         B = self.logits.shape[0]
         self.headroom = max_new_tokens
         self.cache.reserve(max_new_tokens)
         done = torch.zeros(B, dtype=torch.bool, device=self.device)
+        logits = self.logits
+        running: torch.Tensor | None = None  # rows still in the cache (None: all); the rest are parked
+        parked: list[dict] = []
         steps, step_logp, live = [], [], []
         for t in range(max_new_tokens):
-            logits = self.logits
             if temperature == 0:
                 tok = logits.argmax(-1)
             else:
@@ -323,7 +342,15 @@ class _Batch:
             done |= tok == eos_id
             if bool(done.all()) or t + 1 == max_new_tokens:
                 break
-            self.feed(tok, alive)
+            if running is None:
+                self.feed(tok, alive)
+                logits = self.logits
+            else:
+                self.feed(tok[running], alive[running])
+                logits[running] = self.logits
+            running, logits = self._park(done, running, parked, logits)
+        if parked:
+            self._unpark(parked, running, logits)
         gen = torch.stack(steps, dim=1).tolist()
         lps = torch.stack(step_logp, dim=1).tolist() if return_logprobs else None
         last_alive = live[-1].tolist()
@@ -336,6 +363,57 @@ class _Batch:
             if lps is not None:
                 logprobs.append(lps[i][:n])
         return tokens, (logprobs if return_logprobs else None), unfed
+
+    def _park(self, done: torch.Tensor, running: torch.Tensor | None, parked: list[dict], logits: torch.Tensor):
+        """Set the finished rows of the decoded ones aside when fewer than ``PARK_BELOW`` still run.
+
+        Returns the rows still decoded and the [B, V] logits buffer (a copy once
+        anything is parked, so that parked rows keep their last logits)."""
+        rows = running if running is not None else torch.arange(len(done), device=self.device)
+        still = ~done[rows]
+        n_live = int(still.sum())
+        if len(rows) < self.PARK_MIN_ROWS or n_live >= self.PARK_BELOW * len(rows):
+            return running, logits
+        off, on = (~still).nonzero().squeeze(-1), still.nonzero().squeeze(-1)
+        parked.append(
+            {
+                "rows": rows[off],
+                "k": [layer.keys[off] for layer in self.cache.layers],
+                "v": [layer.values[off] for layer in self.cache.layers],
+                "attn": self.attn[off],
+                "length": self.length[off],
+            }
+        )
+        self.cache.batch_select_indices(on)
+        self.attn, self.length, self.logits = self.attn[on], self.length[on], self.logits[on]
+        return rows[on], (logits.clone() if running is None else logits)
+
+    def _unpark(self, parked: list[dict], running: torch.Tensor, logits: torch.Tensor) -> None:
+        """Merge parked rows and running rows back into one left-padded cache layout, rows in order."""
+        chunks = [
+            *parked,
+            {
+                "rows": running,
+                "k": [layer.keys for layer in self.cache.layers],
+                "v": [layer.values for layer in self.cache.layers],
+                "attn": self.attn,
+                "length": self.length,
+            },
+        ]
+        B, width = logits.shape[0], max(c["attn"].shape[1] for c in chunks)
+        attn = self.attn.new_zeros((B, width))
+        length = self.length.new_zeros((B, 1))
+        for c in chunks:
+            attn[c["rows"], width - c["attn"].shape[1] :] = c["attn"]
+            length[c["rows"]] = c["length"]
+        for li, layer in enumerate(self.cache.layers):
+            k = layer.keys.new_zeros((B, layer.keys.shape[1], width, layer.keys.shape[3]))
+            v = layer.values.new_zeros((B, layer.values.shape[1], width, layer.values.shape[3]))
+            for c in chunks:
+                k[c["rows"], :, width - c["k"][li].shape[2] :] = c["k"][li]
+                v[c["rows"], :, width - c["v"][li].shape[2] :] = c["v"][li]
+            layer.adopt(k, v)
+        self.attn, self.length, self.logits = attn, length, logits
 
 
 @torch.no_grad()

@@ -2,7 +2,7 @@
 
     python -m analysis.behaviour --vanilla results/small/warmstart/tooluse/eval.json \\
         --runs results/small/runs/tooluse/*/seed*/summary.json \\
-        --out-csv results/behaviour.csv --out-md results/behaviour.md
+        --out-csv results/small/behaviour.csv --out-md results/small/behaviour.md
 
 From each run's final held-out evaluation (200 episodes; per-episode means logged
 by ``methods/core/evaluate.py`` and the tool-use episode's ``info``):

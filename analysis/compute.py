@@ -2,7 +2,7 @@
 run's measured compute.
 
     python -m analysis.compute --runs results/small/runs/*/*/seed*/summary.json \\
-        --out-csv results/compute.csv --out-md results/compute.md --out-png results/figures/compute.png
+        --out-csv results/small/compute.csv --out-md results/small/compute.md --out-png results/small/figures/compute.png
 
 Budgets match in student rollouts by construction, but a step of one method may
 cost several of another's (LOPD composes latents and runs a second network).

@@ -2,7 +2,7 @@
 
     python -m analysis.improvement --vanilla results/small/warmstart/*/eval.json \\
         --runs results/small/runs/*/*/seed*/summary.json --method lopd \\
-        --out-csv results/improvement.csv --out-md results/improvement.md
+        --out-csv results/small/improvement.csv --out-md results/small/improvement.md
 
 P(X > Y) is the probability that a run of X scores higher than a run of Y
 (final held-out reward; ties count one half), per domain and averaged over

@@ -1,7 +1,7 @@
 """LOPD's training dynamics: β, the privileged margin Δ, the composer's KL and the anchor per step.
 
     python -m analysis.lopd_dynamics --runs results/small/runs/*/lopd*/seed*/metrics.jsonl \\
-        --out-csv results/lopd_dynamics.csv --out-png results/lopd_dynamics.png
+        --out-csv results/small/lopd_dynamics.csv --out-png results/small/lopd_dynamics.png
 
 Reads the fixed metric names LOPD logs every step (``lopd_beta``, ``lopd_margin``,
 ``lopd_kl``, ``lopd_anchor``; ``methods/lopd/method.py``) from each run's

@@ -2,7 +2,7 @@
 
     python -m analysis.paired --vanilla results/small/warmstart/*/eval.json \\
         --runs results/small/runs/*/*/seed*/summary.json \\
-        --out-csv results/paired.csv --out-md results/paired.md
+        --out-csv results/small/paired.csv --out-md results/small/paired.md
 
 Every run of a domain starts from the same base policy, so two methods' runs of
 one RL seed differ only in the method: the per-seed difference removes what the

@@ -2,7 +2,7 @@
 curve first reaches the reference method's (GRPO's) final held-out score.
 
     python -m analysis.rollouts_to_target --runs results/small/runs/*/*/seed*/summary.json \\
-        --out-csv results/rollouts_to_target.csv --out-md results/rollouts_to_target.md
+        --out-csv results/small/rollouts_to_target.csv --out-md results/small/rollouts_to_target.md
 
 For each domain the target is the reference's final score (mean over its seeds).
 A method's rollouts-to-target is the first evaluation point at which the mean of

@@ -3,7 +3,7 @@ rollouts for every method, mean and 95 % CI band over seeds, one column per doma
 
     python -m analysis.sample_efficiency --vanilla results/small/warmstart/*/eval.json \\
         --runs results/small/runs/*/*/seed*/summary.json \\
-        --out results/figures/sample_efficiency.png   # writes the .png and a .pdf beside it
+        --out results/small/figures/sample_efficiency.png   # writes the .png and a .pdf beside it
 
 Top row: held-out reward (the paper's figure).  Bottom row: each run minus GRPO's
 run of the same RL seed at the same rollout count (paired over seeds: every run

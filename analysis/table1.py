@@ -2,7 +2,7 @@
 
     python -m analysis.table1 --vanilla results/small/warmstart/*/eval.json \
         --runs results/small/runs/*/*/seed*/summary.json \
-        --out-csv results/table1.csv --out-md results/table1.md --out-curves results/curves.csv
+        --out-csv results/small/table1.csv --out-md results/small/table1.md --out-curves results/small/curves.csv
 
 "Vanilla" is the base policy's own held-out score (rollout budget 0): one base
 policy per domain, which every method and RL seed starts from.

@@ -1,7 +1,7 @@
 """The teacher sanity check of every self-distillation run, gathered into one table.
 
     python -m analysis.teacher_check --runs results/small/runs/*/*/seed*/summary.json \\
-        --out-csv results/teacher_check.csv --out-md results/teacher_check.md
+        --out-csv results/small/teacher_check.csv --out-md results/small/teacher_check.md
 
 A self-distillation teacher only has something to distil if its privileged
 context makes the right actions more likely.  Each method that hands its

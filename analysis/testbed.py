@@ -2,7 +2,7 @@
 
     python -m analysis.testbed --probes results/small/testbed/*/testbed.json \\
         --vanilla results/small/warmstart/*/eval.json --runs results/small/runs/*/*/seed*/summary.json \\
-        --out-csv results/testbed.csv --out-md results/testbed.md
+        --out-csv results/small/testbed.csv --out-md results/small/testbed.md
 
 One row per (domain, check) with columns domain, check, value, threshold, pass
 (``docs/testbed.md`` says why each check matters).  The thresholds are fixed

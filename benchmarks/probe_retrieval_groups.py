@@ -11,7 +11,7 @@ seeded bank: every task solved) and reports, over ``--queries`` held-out
 tasks, the share of the top-``--n`` items from the query's own group, overall
 and over the tasks whose group is in the bank (test-only groups cannot
 retrieve their own).  The test bed's check (``docs/testbed.md``) asks >= 0.80
-of the real, base-policy-seeded bank; ``results/testbed.csv`` measures that.
+of the real, base-policy-seeded bank; ``results/<profile>/testbed.csv`` measures that.
 With ``--bank`` (one domain) it reads such a seeded bank instead and says what
 it covers: groups, items per group, and for tool use the share of items whose
 solution needs a step a hidden rule demands, against that share among training

@@ -3,7 +3,7 @@
 A comparison can only separate methods if its test bed lets each mechanism
 work (``docs/testbed.md``).  This probe measures, on the profile's own held-out
 tasks and evaluation protocol (the same tasks, greedy decoding and seed as the
-Vanilla evaluation), three of the four checks of ``results/testbed.csv``:
+Vanilla evaluation), three of the four checks of ``results/<profile>/testbed.csv``:
 
 * **privileged information is usable** (OPSD's and SDFT's premise): the base
   policy's reward with the task's own reference solution in its context (the

@@ -16,7 +16,8 @@ DOMAINS = list(config["domains"])
 METHODS = list(config["methods"])
 ABLATIONS = list(config.get("ablations") or {})
 ABLATION_DOMAINS = list(config.get("ablation_domains") or DOMAINS)
-OUT = f"results/{PROFILE}"
+OUT = f"results/{PROFILE}"  # every output of this profile
+HEADLINE = config.get("headline_profile", PROFILE)  # the profile results/table1.* and results/report.md show
 
 
 wildcard_constraints:

@@ -27,11 +27,11 @@ rule ablations:
     input:
         runs=expand(f"{OUT}/runs/{{domain}}/{{method}}/seed{{seed}}/summary.json", domain=ABLATION_DOMAINS, method=["lopd"] + ABLATIONS, seed=SEEDS),
     output:
-        csv=report("results/ablations.csv", category="Ablations", subcategory="LOPD variants"),
-        md="results/ablations.md",
-        curves="results/ablation_curves.csv",
+        csv=report(f"{OUT}/ablations.csv", category="Ablations", subcategory="LOPD variants"),
+        md=f"{OUT}/ablations.md",
+        curves=f"{OUT}/ablation_curves.csv",
     log:
-        "results/logs/ablations.log",
+        f"{OUT}/logs/ablations.log",
     threads: 1
     conda:
         "../envs/suite.yaml"
@@ -46,10 +46,10 @@ rule lopd_dynamics:
         runs=expand(f"{OUT}/runs/{{domain}}/lopd/seed{{seed}}/summary.json", domain=DOMAINS, seed=SEEDS)
         + expand(f"{OUT}/runs/{{domain}}/{{method}}/seed{{seed}}/summary.json", domain=ABLATION_DOMAINS, method=ABLATIONS, seed=SEEDS),
     output:
-        csv="results/lopd_dynamics.csv",
-        png=report("results/lopd_dynamics.png", category="Diagnostics", subcategory="LOPD dynamics"),
+        csv=f"{OUT}/lopd_dynamics.csv",
+        png=report(f"{OUT}/lopd_dynamics.png", category="Diagnostics", subcategory="LOPD dynamics"),
     log:
-        "results/logs/lopd_dynamics.log",
+        f"{OUT}/logs/lopd_dynamics.log",
     params:
         metrics=lambda w, input: " ".join(p.replace("summary.json", "metrics.jsonl") for p in input.runs),
     threads: 1

@@ -1,4 +1,4 @@
-# The paper's figures and tables beyond Table 1, and results/report.md that gathers them.
+# The paper's figures and tables beyond Table 1, and the report that gathers them (all under results/<profile>/).
 RUN_SUMMARIES = expand(f"{OUT}/runs/{{domain}}/{{method}}/seed{{seed}}/summary.json", domain=DOMAINS, method=METHODS, seed=SEEDS)
 VANILLA_EVALS = expand(f"{OUT}/warmstart/{{domain}}/eval.json", domain=DOMAINS)
 BEHAVIOUR_DOMAIN = "tooluse"
@@ -10,10 +10,10 @@ rule sample_efficiency:
         vanilla=VANILLA_EVALS,
         runs=RUN_SUMMARIES,
     output:
-        png=report("results/figures/sample_efficiency.png", category="Figures", subcategory="sample efficiency"),
-        pdf="results/figures/sample_efficiency.pdf",
+        png=report(f"{OUT}/figures/sample_efficiency.png", category="Figures", subcategory="sample efficiency"),
+        pdf=f"{OUT}/figures/sample_efficiency.pdf",
     log:
-        "results/logs/sample_efficiency.log",
+        f"{OUT}/logs/sample_efficiency.log",
     threads: 1
     conda:
         "../envs/suite.yaml"
@@ -26,10 +26,10 @@ rule rollouts_to_target:
     input:
         runs=RUN_SUMMARIES,
     output:
-        csv=report("results/rollouts_to_target.csv", category="Sample efficiency", subcategory="rollouts to target"),
-        md="results/rollouts_to_target.md",
+        csv=report(f"{OUT}/rollouts_to_target.csv", category="Sample efficiency", subcategory="rollouts to target"),
+        md=f"{OUT}/rollouts_to_target.md",
     log:
-        "results/logs/rollouts_to_target.log",
+        f"{OUT}/logs/rollouts_to_target.log",
     threads: 1
     conda:
         "../envs/suite.yaml"
@@ -43,10 +43,10 @@ rule improvement:
         vanilla=VANILLA_EVALS,
         runs=RUN_SUMMARIES,
     output:
-        csv=report("results/improvement.csv", category="Table 1", subcategory="probability of improvement"),
-        md="results/improvement.md",
+        csv=report(f"{OUT}/improvement.csv", category="Table 1", subcategory="probability of improvement"),
+        md=f"{OUT}/improvement.md",
     log:
-        "results/logs/improvement.log",
+        f"{OUT}/logs/improvement.log",
     threads: 1
     conda:
         "../envs/suite.yaml"
@@ -60,10 +60,10 @@ rule behaviour:
         vanilla=[f"{OUT}/warmstart/{BEHAVIOUR_DOMAIN}/eval.json"],
         runs=expand(f"{OUT}/runs/{BEHAVIOUR_DOMAIN}/{{method}}/seed{{seed}}/summary.json", method=METHODS, seed=SEEDS),
     output:
-        csv=report("results/behaviour.csv", category="Behaviour", subcategory="tool use"),
-        md="results/behaviour.md",
+        csv=report(f"{OUT}/behaviour.csv", category="Behaviour", subcategory="tool use"),
+        md=f"{OUT}/behaviour.md",
     log:
-        "results/logs/behaviour.log",
+        f"{OUT}/logs/behaviour.log",
     threads: 1
     conda:
         "../envs/suite.yaml"
@@ -76,10 +76,10 @@ rule teacher_check:
     input:
         runs=RUN_SUMMARIES,
     output:
-        csv=report("results/teacher_check.csv", category="Diagnostics", subcategory="teacher check"),
-        md="results/teacher_check.md",
+        csv=report(f"{OUT}/teacher_check.csv", category="Diagnostics", subcategory="teacher check"),
+        md=f"{OUT}/teacher_check.md",
     log:
-        "results/logs/teacher_check.log",
+        f"{OUT}/logs/teacher_check.log",
     threads: 1
     conda:
         "../envs/suite.yaml"
@@ -117,10 +117,10 @@ rule testbed:
         vanilla=VANILLA_EVALS,
         runs=RUN_SUMMARIES,
     output:
-        csv=report("results/testbed.csv", category="Test bed", subcategory="validity checks"),
-        md="results/testbed.md",
+        csv=report(f"{OUT}/testbed.csv", category="Test bed", subcategory="validity checks"),
+        md=f"{OUT}/testbed.md",
     log:
-        "results/logs/testbed.log",
+        f"{OUT}/logs/testbed.log",
     threads: 1
     conda:
         "../envs/suite.yaml"
@@ -135,10 +135,10 @@ rule paired:
         vanilla=VANILLA_EVALS,
         runs=RUN_SUMMARIES,
     output:
-        csv=report("results/paired.csv", category="Table 1", subcategory="paired differences"),
-        md="results/paired.md",
+        csv=report(f"{OUT}/paired.csv", category="Table 1", subcategory="paired differences"),
+        md=f"{OUT}/paired.md",
     log:
-        "results/logs/paired.log",
+        f"{OUT}/logs/paired.log",
     threads: 1
     conda:
         "../envs/suite.yaml"
@@ -151,11 +151,11 @@ rule compute:
     input:
         runs=RUN_SUMMARIES,
     output:
-        csv=report("results/compute.csv", category="Compute", subcategory="reward against compute"),
-        md="results/compute.md",
-        png=report("results/figures/compute.png", category="Compute", subcategory="figure"),
+        csv=report(f"{OUT}/compute.csv", category="Compute", subcategory="reward against compute"),
+        md=f"{OUT}/compute.md",
+        png=report(f"{OUT}/figures/compute.png", category="Compute", subcategory="figure"),
     log:
-        "results/logs/compute.log",
+        f"{OUT}/logs/compute.log",
     threads: 1
     conda:
         "../envs/suite.yaml"
@@ -164,32 +164,32 @@ rule compute:
 
 
 rule report:
-    """results/report.md: test-bed validity first, then Table 1, paired differences, figures, rollouts-to-target, probability of improvement, ablations, behaviour, dynamics."""
+    """The report (results/<profile>/report.md): test-bed validity first, then Table 1, paired differences, figures, rollouts-to-target, probability of improvement, ablations, behaviour, dynamics."""
     input:
-        table1="results/table1.csv",
-        table1_md="results/table1.md",
-        targets="results/rollouts_to_target.csv",
-        targets_md="results/rollouts_to_target.md",
-        improvement="results/improvement.csv",
-        improvement_md="results/improvement.md",
-        ablations="results/ablations.csv",
-        ablations_md="results/ablations.md",
-        behaviour_md=["results/behaviour.md"] if BEHAVIOUR_DOMAIN in DOMAINS else [],
-        dynamics="results/lopd_dynamics.csv",
-        figure="results/figures/sample_efficiency.png",
-        dynamics_figure="results/lopd_dynamics.png",
-        teacher_check="results/teacher_check.csv",
-        teacher_check_md="results/teacher_check.md",
+        table1=f"{OUT}/table1.csv",
+        table1_md=f"{OUT}/table1.md",
+        targets=f"{OUT}/rollouts_to_target.csv",
+        targets_md=f"{OUT}/rollouts_to_target.md",
+        improvement=f"{OUT}/improvement.csv",
+        improvement_md=f"{OUT}/improvement.md",
+        ablations=f"{OUT}/ablations.csv",
+        ablations_md=f"{OUT}/ablations.md",
+        behaviour_md=[f"{OUT}/behaviour.md"] if BEHAVIOUR_DOMAIN in DOMAINS else [],
+        dynamics=f"{OUT}/lopd_dynamics.csv",
+        figure=f"{OUT}/figures/sample_efficiency.png",
+        dynamics_figure=f"{OUT}/lopd_dynamics.png",
+        teacher_check=f"{OUT}/teacher_check.csv",
+        teacher_check_md=f"{OUT}/teacher_check.md",
         warmstarts=VANILLA_EVALS,
-        testbed="results/testbed.csv",
-        testbed_md="results/testbed.md",
-        paired_md="results/paired.md",
-        compute_md="results/compute.md",
-        compute_png="results/figures/compute.png",
+        testbed=f"{OUT}/testbed.csv",
+        testbed_md=f"{OUT}/testbed.md",
+        paired_md=f"{OUT}/paired.md",
+        compute_md=f"{OUT}/compute.md",
+        compute_png=f"{OUT}/figures/compute.png",
     output:
-        "results/report.md",
+        f"{OUT}/report.md",
     log:
-        "results/logs/report.log",
+        f"{OUT}/logs/report.log",
     params:
         behaviour=lambda w, input: f"--behaviour-md {input.behaviour_md}" if input.behaviour_md else "",
     threads: 1

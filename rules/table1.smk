@@ -4,11 +4,11 @@ rule table1:
         vanilla=expand(f"{OUT}/warmstart/{{domain}}/eval.json", domain=DOMAINS),
         runs=expand(f"{OUT}/runs/{{domain}}/{{method}}/seed{{seed}}/summary.json", domain=DOMAINS, method=METHODS, seed=SEEDS),
     output:
-        csv=report("results/table1.csv", category="Table 1", subcategory="held-out reward"),
-        md="results/table1.md",
-        curves="results/curves.csv",
+        csv=report(f"{OUT}/table1.csv", category="Table 1", subcategory="held-out reward"),
+        md=f"{OUT}/table1.md",
+        curves=f"{OUT}/curves.csv",
     log:
-        "results/logs/table1.log",
+        f"{OUT}/logs/table1.log",
     threads: 1
     conda:
         "../envs/suite.yaml"

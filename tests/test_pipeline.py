@@ -38,9 +38,14 @@ def test_smoke_pipeline_writes_table1(tmp_path):
     _copy_repo(tmp_path)
     lint = _snakemake(tmp_path, "--lint", "--config", "profile=smoke")
     assert lint.returncode == 0, lint.stdout + lint.stderr
-    res = _snakemake(tmp_path, "results/table1.csv", "results/report.md", "--config", "profile=smoke")
+    # every output of the profile lies under results/smoke/; results/table1.* and results/report.md
+    # show the headline profile (here smoke, for the test; small by default)
+    targets = ("results/table1.csv", "results/report.md", "--config", "profile=smoke", "headline_profile=smoke")
+    res = _snakemake(tmp_path, *targets)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
-    df = pd.read_csv(tmp_path / "results" / "table1.csv")
+    res_dir = tmp_path / "results" / "smoke"
+    df = pd.read_csv(res_dir / "table1.csv")
+    assert (tmp_path / "results" / "table1.csv").read_bytes() == (res_dir / "table1.csv").read_bytes()
     assert set(df.domain) == {"tooluse", "code"}
     configured = set(yaml.safe_load((tmp_path / "config" / "config.yaml").read_text())["methods"])
     assert set(df.method) == {"vanilla"} | configured  # every method of the config line-up is in Table 1
@@ -51,7 +56,7 @@ def test_smoke_pipeline_writes_table1(tmp_path):
     assert (df[df.method != "vanilla"].n_seeds == 2).all() and (
         df[df.method == "vanilla"].n_seeds == 1
     ).all()  # one base policy per domain
-    assert (tmp_path / "results" / "table1.md").exists()
+    assert (res_dir / "table1.md").exists() and (tmp_path / "results" / "table1.md").exists()
     # the smoke profile's code warm start has the on-policy stage, its tool-use one is stage 1's
     smoke = tmp_path / "results" / "smoke"
     code_ws = json.loads((smoke / "warmstart" / "code" / "eval.json").read_text())
@@ -66,18 +71,17 @@ def test_smoke_pipeline_writes_table1(tmp_path):
     assert summary.exists()
     # LOPD's ablations: every variant (and LOPD itself) on the ablation domains, cold starts shared by K and J
     cfg = yaml.safe_load((tmp_path / "config" / "config.yaml").read_text())
-    ab = pd.read_csv(tmp_path / "results" / "ablations.csv")
+    ab = pd.read_csv(res_dir / "ablations.csv")
     assert set(ab.method) == {"lopd"} | set(cfg["ablations"]) and set(ab.domain) == set(cfg["ablation_domains"])
     cold = {
         p.parent.parent.name
         for p in (tmp_path / "results" / "smoke" / "coldstart" / "tooluse").glob("*/seed0/composer.pt")
     }
     assert cold == {"K32_J3", "K8_J3", "K16_J3", "K32_J1"}
-    dyn = pd.read_csv(tmp_path / "results" / "lopd_dynamics.csv")
+    dyn = pd.read_csv(res_dir / "lopd_dynamics.csv")
     # (the smoke warm start solves nothing, so its banks stay empty and only β is ever logged as a number)
-    assert "lopd_beta" in set(dyn.metric) and (tmp_path / "results" / "lopd_dynamics.png").exists()
+    assert "lopd_beta" in set(dyn.metric) and (res_dir / "lopd_dynamics.png").exists()
     # the report gathers every table and figure, from these runs
-    res_dir = tmp_path / "results"
     for name in (
         "figures/sample_efficiency.png",
         "figures/sample_efficiency.pdf",
@@ -95,19 +99,15 @@ def test_smoke_pipeline_writes_table1(tmp_path):
         and (n[n.index.get_level_values(1) != "skill_sd"] == 2).all()
         and (n <= 2).all()
     )
-    rep = (res_dir / "report.md").read_text()
+    rep = (tmp_path / "results" / "report.md").read_text()
+    assert "![sample efficiency](smoke/figures/sample_efficiency.png)" in rep  # links resolve from results/
     lopd_code = df[(df.domain == "code") & (df.method == "lopd")].iloc[0]
     assert f"LOPD {lopd_code['mean']:.3f}" in rep or "best mean LOPD" in rep
-    assert (
-        "![sample efficiency](figures/sample_efficiency.png)" in rep
-        and "## Behaviour" in rep
-        and "P(LOPD > GRPO)" in rep
-        and "## Teacher sanity check" in rep
-    )
+    assert "## Behaviour" in rep and "P(LOPD > GRPO)" in rep and "## Teacher sanity check" in rep
     # the self-contained HTML report: every figure and table annotated with report() in the rules
-    html = _snakemake(tmp_path, "results/report.md", "--report", "results/report.html", "--config", "profile=smoke")
+    html = _snakemake(tmp_path, targets[1], "--report", "results/report.html", *targets[2:])
     assert html.returncode == 0, html.stdout[-3000:] + html.stderr[-3000:]
-    page = (res_dir / "report.html").read_text(errors="replace")
+    page = (tmp_path / "results" / "report.html").read_text(errors="replace")
     assert all(name in page for name in ("sample_efficiency.png", "testbed.csv", "table1.csv", "ablations.csv")), (
         "report.html misses a figure or table"
     )
@@ -127,8 +127,12 @@ def test_smoke_pipeline_writes_table1(tmp_path):
     cp = pd.read_csv(res_dir / "compute.csv")
     assert (cp.train_s > 0).all() and (cp.token_passes > 0).all() and "## Compute-matched view" in rep
     # a second invocation has nothing to do
-    again = _snakemake(tmp_path, "results/table1.csv", "results/report.md", "--config", "profile=smoke", "--dry-run")
+    again = _snakemake(tmp_path, *targets, "--dry-run")
     assert "Nothing to be done" in again.stdout + again.stderr
+    # with the default headline (small), the smoke profile's outputs never land in results/table1.*
+    (tmp_path / "results" / "table1.csv").unlink()
+    elsewhere = _snakemake(tmp_path, "results/table1.csv", "--config", "profile=smoke")
+    assert elsewhere.returncode != 0 and "ask for results/smoke/table1.csv" in elsewhere.stdout + elsewhere.stderr
     _check_shipped_base(tmp_path, smoke)
 
 

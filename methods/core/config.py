@@ -7,7 +7,7 @@ settings, with optional per-domain overrides; ``methods`` lists every method
 of Table 1, one line each, with its own overrides of its config dataclass.
 ``ablations`` lists config *variants* of a registered method (``method: lopd``
 plus overrides), run under their own names and reported in
-``results/ablations.csv``; a ``methods`` entry may name ``method:`` too.
+``results/<profile>/ablations.csv``; a ``methods`` entry may name ``method:`` too.
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ def test_one_config_line_puts_it_in_table1(tmp_path):
     text = cfg.read_text()
     assert "\nmethods:\n" in text
     cfg.write_text(text.replace("\nmethods:\n", f"\nmethods:\n{CONFIG_LINE}\n", 1))
-    dry = _snakemake(tmp_path, "results/table1.csv", "--config", "profile=smoke", "--dry-run")
+    dry = _snakemake(tmp_path, "results/smoke/table1.csv", "--config", "profile=smoke", "--dry-run")
     assert dry.returncode == 0, dry.stdout + dry.stderr
     planned = set(re.findall(r"domain=(\w+), method=rloo, seed=(\d+)", dry.stdout))
     assert {d for d, _ in planned} == set(DOMAINS), dry.stdout[-3000:]

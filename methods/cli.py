@@ -303,30 +303,28 @@ def cmd_bank(args) -> None:
     tasks = random.Random(f"bank/{args.seed}").sample(train_tasks, min(bank_cfg.seed_tasks, len(train_tasks)))
     gen = torch.Generator(device=args.device).manual_seed(args.seed)
     bank = ExperienceBank(bank_cfg, TextEncoder(device=args.device))
-    rollouts, added = 0, 0
-    for start in range(0, len(tasks), 256):
-        chunk = run_episodes(
-            model.eval(),
-            ChatEncoder(tokenizer),
-            domain,
-            tasks[start : start + 256],
-            None,
-            train_cfg.sampling(),
-            generator=gen,
-        )
-        added += bank.add_rollouts(chunk, step=-1)
-        rollouts += len(chunk)
+    encoder, sampling = ChatEncoder(tokenizer), train_cfg.sampling()
+
+    def play(chunk):
+        return run_episodes(model.eval(), encoder, domain, chunk, None, sampling, generator=gen)
+
+    def progress(attempt, tried, of):
         print(
-            f"[bank] {job['domain']} seed {args.seed}: {rollouts}/{len(tasks)} tasks tried, {len(bank)} in the bank",
+            f"[bank] {job['domain']} seed {args.seed}: attempt {attempt + 1}/{bank_cfg.seed_attempts}, "
+            f"{tried}/{of} tasks tried, {len(bank)} in the bank",
             file=sys.stderr,
             flush=True,
         )
+
+    per_attempt = bank.seed(tasks, play, bank_cfg.seed_attempts, progress=progress)
+    rollouts, added = sum(per_attempt), len(bank)
     bank.save(out / "bank.pt")
     report = {
         "domain": job["domain"],
         "domain_version": domain.version,
         "seed": args.seed,
         "seed_rollouts": rollouts,
+        "seed_rollouts_per_attempt": per_attempt,
         **bank.stats(),
         "success_rate": added / max(rollouts, 1),
         "wall_s": round(time.perf_counter() - t0, 2),
@@ -367,8 +365,23 @@ def cmd_testbed(args) -> None:
             .freeze()
         )
     tasks = domain.tasks("test", train_cfg.eval_episodes)
+    retrieved = None
+    if args.retrieved_eval:
+        retrieved = _base_eval_of(Path(args.retrieved_eval), job, domain.version)
+        if retrieved is None:
+            raise SystemExit(
+                f"error: {args.retrieved_eval} was not made with this job's held-out tasks and evaluation settings"
+            )
     report = probe(
-        model, ChatEncoder(tokenizer), domain, tasks, train_cfg.sampling(eval=True), bank, args.n_retrieve, args.seed
+        model,
+        ChatEncoder(tokenizer),
+        domain,
+        tasks,
+        train_cfg.sampling(eval=True),
+        bank,
+        args.n_retrieve,
+        args.seed,
+        retrieved=retrieved,
     )
     report.update(
         {
@@ -390,6 +403,56 @@ def cmd_testbed(args) -> None:
     )
     print(
         f"[testbed] {job['domain']}: no context {report['reward_no_context']:.3f} (SE {report['reward_no_context_se']:.4f}), {msg}; wrote {out}",
+        file=sys.stderr,
+    )
+
+
+def cmd_retrieved_eval(args) -> None:
+    """The base policy's held-out evaluation with retrieved experience in context
+    (:func:`methods.testbed.retrieved_evaluation`): retrieval RL's rollout-0 evaluation, made once
+    per domain, and the test bed's experience check."""
+    from methods.core.loop import TrainConfig
+    from methods.core.policy import load_policy
+    from methods.core.provenance import provenance, write_json_atomic
+    from methods.core.registry import make_config
+    from methods.core.tokenizer import ChatEncoder
+    from methods.experience import BankConfig, ExperienceBank
+    from methods.experience.encoder import TextEncoder
+    from methods.testbed import retrieved_evaluation
+    from tasks.base import get_domain
+
+    job = _job(args.job)
+    out = Path(args.out)
+    train_cfg = make_config(TrainConfig, job["train"], "train")
+    domain = get_domain(job["domain"], seed=job["task_seed"], **job["domain_options"])
+    model, tokenizer = load_policy(Path(args.warmstart) / "model", device=args.device)
+    bank = (
+        ExperienceBank(make_config(BankConfig, job.get("bank"), "bank"), TextEncoder(device=args.device))
+        .load(args.bank)
+        .freeze()
+    )
+    t0 = time.perf_counter()
+    tasks = domain.tasks("test", train_cfg.eval_episodes)
+    report = retrieved_evaluation(
+        model, ChatEncoder(tokenizer), domain, tasks, train_cfg.sampling(eval=True), bank, args.n_retrieve, args.seed
+    )
+    report.update(
+        {
+            "domain": job["domain"],
+            "domain_version": domain.version,
+            "seed": args.seed,
+            "warmstart": str(args.warmstart),
+            "bank": args.bank,
+            "eval_s": round(time.perf_counter() - t0, 2),
+            "job": job,
+            **provenance(),
+        }
+    )
+    write_json_atomic(out, report)
+    domain.close()
+    print(
+        f"[retrieved-eval] {job['domain']}: held-out reward {report['heldout_reward']:.3f} with the top-{args.n_retrieve} "
+        f"retrieved (same group {report['retrieval_same_group']:.2f}); wrote {out}",
         file=sys.stderr,
     )
 
@@ -459,10 +522,10 @@ EVAL_DEFINING = (
 )  # what a held-out evaluation depends on besides the model
 
 
-def _base_eval_of(warmstart: Path, job: dict, version: str) -> dict | None:
-    """The base policy's own held-out evaluation (its ``eval.json``) when it was made on this job's
-    held-out tasks with this job's evaluation settings, else None (the loop then evaluates)."""
-    path = warmstart / "eval.json"
+def _base_eval_of(path: Path, job: dict, version: str) -> dict | None:
+    """An evaluation of the base policy (its own ``eval.json``, or a ``retrieved-eval`` file) when it
+    was made on this job's held-out tasks with this job's evaluation settings, else None (the loop
+    then evaluates)."""
     if not path.exists():
         return None
     base = json.loads(path.read_text())
@@ -520,9 +583,17 @@ def cmd_train(args) -> None:
                 f"method {job['method']} starts from a cold-started composer (--composer composer.pt); got {args.composer!r}. Run `python -m methods.cli coldstart` first."
             )
         run.cold_start_path = args.composer
-    base = _base_eval_of(Path(args.warmstart), job, domain.version)
+    base = _base_eval_of(Path(args.warmstart) / "eval.json", job, domain.version)
     if base is not None:
         run.base_eval = base
+    for path in args.context_eval or []:
+        ev = _base_eval_of(Path(path), job, domain.version)
+        if ev is None:
+            print(f"note: {path} is not an evaluation of this job's held-out tasks and settings; not reused", file=sys.stderr)
+        elif Path(ev.get("warmstart", "")).resolve() != Path(args.warmstart).resolve():
+            print(f"note: {path} evaluated another base policy ({ev.get('warmstart')}); not reused", file=sys.stderr)
+        else:
+            run.context_evals.append(ev)
     method = cls(method_cfg, run)
     name = job.get("run_name", job["method"])
     label = f"{name} {job['domain']} s{args.seed}"
@@ -576,6 +647,12 @@ def main(argv=None) -> None:
         default=None,
         help="the cold start's file (composer.pt) for a method with needs_cold_start (LOPD and its variants)",
     )
+    tr.add_argument(
+        "--context-eval",
+        action="append",
+        help="an evaluation of the base policy with contexts (retrieved-eval's JSON), reused at rollout 0 "
+        "where the method's student contexts are exactly those (repeatable)",
+    )
     tr.set_defaults(fn=cmd_train)
     cs = sub.add_parser(
         "coldstart",
@@ -602,7 +679,23 @@ def main(argv=None) -> None:
     tb.add_argument(
         "--n-retrieve", type=int, default=3, help="retrieved items in the context (retrieval RL's n_retrieve)"
     )
+    tb.add_argument(
+        "--retrieved-eval",
+        default=None,
+        help="the domain's retrieved-eval JSON: its per-task rewards are used instead of evaluating again",
+    )
     tb.set_defaults(fn=cmd_testbed)
+    re_ = sub.add_parser(
+        "retrieved-eval",
+        parents=[common],
+        help="the base policy's held-out evaluation with the top-n retrieved experiences in context (--out: a JSON file)",
+    )
+    re_.add_argument("--warmstart", required=True, help="base policy directory (holds model/)")
+    re_.add_argument("--bank", required=True, help="seeded experience bank (bank.pt)")
+    re_.add_argument(
+        "--n-retrieve", type=int, default=3, help="retrieved items in the context (retrieval RL's n_retrieve)"
+    )
+    re_.set_defaults(fn=cmd_retrieved_eval)
     ib = sub.add_parser(
         "install-base",
         parents=[common],

@@ -31,14 +31,14 @@ from collections.abc import Sequence
 import torch
 
 from methods.core.distill import expert_trace
-from methods.core.evaluate import mean_se
+from methods.core.evaluate import contexts_fingerprint, mean_se, summarize
 from methods.core.rollout import SamplingConfig, run_episodes
 from methods.core.tokenizer import ChatEncoder
 from methods.experience.bank import ExperienceBank, same_group_share
 from methods.retrieval_rl import render_experience
 from tasks.base import Task, TaskDomain
 
-__all__ = ["mean_se", "paired_gain", "probe"]
+__all__ = ["mean_se", "paired_gain", "probe", "retrieved_evaluation"]
 
 
 def paired_gain(with_ctx: Sequence[float], without: Sequence[float]) -> tuple[float, float]:
@@ -48,9 +48,49 @@ def paired_gain(with_ctx: Sequence[float], without: Sequence[float]) -> tuple[fl
     return mean_se([a - b for a, b in zip(with_ctx, without)])
 
 
-def _rewards(model, encoder, domain, tasks, contexts, sampling, seed) -> list[float]:
+def _rollouts(model, encoder, domain, tasks, contexts, sampling, seed):
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-    return [r.reward for r in run_episodes(model, encoder, domain, tasks, contexts, sampling, generator=gen)]
+    return run_episodes(model, encoder, domain, tasks, contexts, sampling, generator=gen)
+
+
+def _rewards(model, encoder, domain, tasks, contexts, sampling, seed) -> list[float]:
+    return [r.reward for r in _rollouts(model, encoder, domain, tasks, contexts, sampling, seed)]
+
+
+@torch.no_grad()
+def retrieved_evaluation(
+    model,
+    encoder: ChatEncoder,
+    domain: TaskDomain,
+    tasks: Sequence[Task],
+    sampling: SamplingConfig,
+    bank: ExperienceBank,
+    n_retrieve: int,
+    seed: int,
+) -> dict:
+    """The base policy's held-out evaluation with the top-``n_retrieve`` experiences of ``bank`` in
+    its context: the same computation as a retrieval RL run's evaluation at rollout 0 (its
+    student's contexts come from the same seeded bank, whatever the run's seed), so such runs
+    reuse it (``contexts_sha256``, :func:`methods.core.loop._base_eval`) and the test bed's
+    experience check reads it.  ``heldout_*`` as :func:`methods.core.evaluate.evaluate` gives
+    them, ``rewards`` per task, and what was retrieved."""
+    was_training = model.training
+    model.eval()
+    hits = bank.retrieve(list(tasks), n_retrieve)
+    contexts = [render_experience(h) for h in hits]
+    rollouts = _rollouts(model, encoder, domain, tasks, contexts, sampling, seed)
+    model.train(was_training)
+    return {
+        **summarize(rollouts),
+        "heldout_episodes": len(rollouts),
+        "rewards": [r.reward for r in rollouts],
+        "contexts_sha256": contexts_fingerprint(tasks, contexts, sampling),
+        "n_retrieve": n_retrieve,
+        "bank_size": len(bank),
+        "retrieved_per_task": sum(len(h) for h in hits) / max(len(hits), 1),
+        "retrieval_same_group": same_group_share(tasks, hits),
+        "retrieval_same_group_seen": _seen_share(tasks, hits, bank),
+    }
 
 
 @torch.no_grad()
@@ -63,10 +103,13 @@ def probe(
     bank: ExperienceBank | None,
     n_retrieve: int,
     seed: int,
+    retrieved: dict | None = None,
 ) -> dict:
     """The base policy's held-out reward without context, with the task's reference solution and
-    with retrieved experience, on ``tasks`` (the Vanilla evaluation's).  ``bank`` None: the
-    experience rows are left out (a profile whose methods use no bank)."""
+    with retrieved experience, on ``tasks`` (the Vanilla evaluation's).  The last comes from
+    ``retrieved`` when given (:func:`retrieved_evaluation` of the same tasks, made once per
+    domain), else it is evaluated with ``bank``; with neither, the experience rows are left out
+    (a profile whose methods use no bank)."""
     was_training = model.training
     model.eval()
     t0 = time.perf_counter()
@@ -83,20 +126,23 @@ def probe(
         "reference_gain": gain,
         "reference_gain_se": gain_se,
     }
-    if bank is not None:
-        hits = bank.retrieve(list(tasks), n_retrieve)
-        ret = _rewards(model, encoder, domain, tasks, [render_experience(h) for h in hits], sampling, seed)
-        gain, gain_se = paired_gain(ret, none)
+    if retrieved is None and bank is not None:
+        retrieved = retrieved_evaluation(model, encoder, domain, tasks, sampling, bank, n_retrieve, seed)
+    if retrieved is not None:
+        if len(retrieved["rewards"]) != len(tasks) or retrieved["n_retrieve"] != n_retrieve:
+            raise ValueError(
+                f"the retrieved evaluation has {len(retrieved['rewards'])} episodes and n_retrieve {retrieved['n_retrieve']}; "
+                f"the probe {len(tasks)} and {n_retrieve}"
+            )
+        gain, gain_se = paired_gain(retrieved["rewards"], none)
         out.update(
             {
-                "n_retrieve": n_retrieve,
-                "bank_size": len(bank),
-                "reward_retrieved": mean_se(ret)[0],
+                **{k: retrieved[k] for k in ("n_retrieve", "bank_size", "retrieved_per_task")},
+                "reward_retrieved": retrieved["heldout_reward"],
                 "retrieval_gain": gain,
                 "retrieval_gain_se": gain_se,
-                "retrieved_per_task": sum(len(h) for h in hits) / max(len(hits), 1),
-                "retrieval_same_group": same_group_share(tasks, hits),
-                "retrieval_same_group_seen": _seen_share(tasks, hits, bank),
+                "retrieval_same_group": retrieved["retrieval_same_group"],
+                "retrieval_same_group_seen": retrieved["retrieval_same_group_seen"],
             }
         )
     out["probe_s"] = round(time.perf_counter() - t0, 2)

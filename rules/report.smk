@@ -92,6 +92,7 @@ rule testbed_probe:
     input:
         ws=f"{OUT}/warmstart/{{domain}}/eval.json",
         bank=lambda w: [f"{OUT}/bank/{w.domain}/bank.pt"] if testbed_uses_bank(w.domain) else [],
+        retrieved=lambda w: [f"{OUT}/bank/{w.domain}/eval_retrieved.json"] if testbed_uses_bank(w.domain) else [],
     output:
         f"{OUT}/testbed/{{domain}}/testbed.json",
     log:
@@ -99,7 +100,7 @@ rule testbed_probe:
     params:
         job=lambda w: shlex.quote(json.dumps(bank_job(config, w.domain), sort_keys=True)),
         ws=lambda w: f"{OUT}/warmstart/{w.domain}",
-        bank=lambda w, input: f"--bank {input.bank}" if input.bank else "",
+        bank=lambda w, input: f"--bank {input.bank} --retrieved-eval {input.retrieved}" if input.bank else "",
         n_retrieve=lambda w: testbed_n_retrieve(w.domain),
         seed=BASE_SEED,
     threads: 1

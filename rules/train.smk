@@ -4,6 +4,7 @@ rule train:
         ws=f"{OUT}/warmstart/{{domain}}/eval.json",
         bank=lambda w: [f"{OUT}/bank/{w.domain}/bank.pt"] if uses_bank(config, w.method) else [],
         composer=lambda w: coldstart_path(w.domain, w.method, w.seed),
+        reuse=lambda w: [f"{OUT}/bank/{w.domain}/eval_retrieved.json"] if uses_bank(config, w.method) else [],
     output:
         f"{OUT}/runs/{{domain}}/{{method}}/seed{{seed}}/summary.json",
     log:
@@ -14,6 +15,7 @@ rule train:
         out=lambda w: f"{OUT}/runs/{w.domain}/{w.method}/seed{w.seed}",
         bank=lambda w: f"--bank {OUT}/bank/{w.domain}/bank.pt" if uses_bank(config, w.method) else "",
         composer=lambda w: " ".join(f"--composer {p}" for p in coldstart_path(w.domain, w.method, w.seed)),
+        reuse=lambda w, input: " ".join(f"--context-eval {p}" for p in input.reuse),
     wildcard_constraints:
         seed=r"\d+",
     threads: 1
@@ -21,4 +23,4 @@ rule train:
         "../envs/suite.yaml"
     shell:
         "python -m methods.cli train --job {params.job} --seed {wildcards.seed} "
-        "--warmstart {params.ws} {params.bank} {params.composer} --out {params.out} --threads {threads} > {log} 2>&1"
+        "--warmstart {params.ws} {params.bank} {params.composer} {params.reuse} --out {params.out} --threads {threads} > {log} 2>&1"

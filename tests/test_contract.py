@@ -188,6 +188,45 @@ def test_the_rollout_0_evaluation_reuses_the_base_policys_where_it_is_the_same_c
     assert "eval_reused" not in json.loads((tmp_path / "other" / "metrics.jsonl").read_text().splitlines()[0])
 
 
+def test_retrieval_rls_rollout_0_evaluation_reuses_the_domains_retrieved_evaluation(warmstarts, seeded_banks, tmp_path):
+    """The base policy's evaluation with the seeded bank's top-n in context (made once per domain,
+    ``methods.cli retrieved-eval``) is a retrieval RL run's rollout-0 evaluation, whatever its seed:
+    equal numbers when recomputed, reused when its contexts' fingerprint matches, and evaluated
+    again when it does not (another n_retrieve)."""
+    from dataclasses import replace
+
+    from methods.experience import BankConfig, ExperienceBank
+    from methods.experience.encoder import TextEncoder
+    from methods.testbed import retrieved_evaluation
+
+    ws_path, _ = warmstarts["tooluse"]
+    _, _, cfg = tiny_configs()
+    cfg = replace(cfg, rollout_budget=8)
+    ref_m, ref_run = _run("retrieval_rl", "tooluse", ws_path, tmp_path / "ref", cfg, banks=seeded_banks)
+    train(ref_m, ref_run, tmp_path / "ref")
+    computed = json.loads((tmp_path / "ref" / "metrics.jsonl").read_text().splitlines()[0])
+    assert "eval_reused" not in computed
+
+    def shared(run, n):
+        bank = ExperienceBank(BankConfig(), TextEncoder()).load(seeded_banks["tooluse"]).freeze()
+        tasks = run.domain.tasks("test", cfg.eval_episodes)
+        return retrieved_evaluation(run.model, run.encoder, run.domain, tasks, cfg.sampling(eval=True), bank, n, seed=5)
+
+    m, run = _run("retrieval_rl", "tooluse", ws_path, tmp_path / "reuse", cfg, banks=seeded_banks)
+    ev = shared(run, m.cfg.n_retrieve)
+    keys = [k for k in computed if k.startswith("heldout_")]
+    assert [ev[k] for k in keys] == [computed[k] for k in keys]  # the same computation
+    run.context_evals = [{**ev, "heldout_reward": ev["heldout_reward"] + 1.0}]  # marked, to see it taken
+    train(m, run, tmp_path / "reuse")
+    first = json.loads((tmp_path / "reuse" / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["eval_reused"] and first["heldout_reward"] == computed["heldout_reward"] + 1.0
+    m2, run2 = _run("retrieval_rl", "tooluse", ws_path, tmp_path / "other", cfg, banks=seeded_banks)
+    run2.context_evals = [{**shared(run2, m2.cfg.n_retrieve - 1), "heldout_reward": 9.0}]  # other contexts
+    train(m2, run2, tmp_path / "other")
+    first = json.loads((tmp_path / "other" / "metrics.jsonl").read_text().splitlines()[0])
+    assert "eval_reused" not in first and first["heldout_reward"] == computed["heldout_reward"]
+
+
 def test_inner_curve_points_evaluate_a_prefix_of_the_held_out_tasks(warmstarts, seeded_banks, tmp_path):
     """curve_eval_episodes: the evaluations between the first and the last use the first k of
     the held-out tasks (so they are cheap); the first and the final use all of them."""

@@ -94,6 +94,42 @@ def test_admission_threshold_per_task_cap_and_empty_bank(encoder):
     assert bank.retrieve([t], 3) == [[]]  # its only entry is its own
 
 
+def test_seeding_retries_only_the_tasks_without_a_success(encoder):
+    """pass@k seeding: attempt k+1 replays exactly the tasks that no earlier attempt solved, a task
+    keeps its first success, and the rollouts of each attempt are counted."""
+    domain = get_domain("tooluse", seed=0)
+    tasks = domain.tasks("train", 12)
+    expert = {t.task_id: domain.expert_trajectory(t).turns for t in tasks}
+    solves_at = {t.task_id: i % 4 for i, t in enumerate(tasks)}  # attempt that succeeds (3: never, with 3 attempts)
+    played, calls = [], collections.Counter()
+
+    class R:  # the two fields add_rollouts reads
+        def __init__(self, task, reward):
+            self.task, self.reward = task, reward
+            self.episode = type("E", (), {"turns": expert[task.task_id]})()
+
+    def play(chunk):
+        played.append([t.task_id for t in chunk])
+        out = []
+        for t in chunk:
+            out.append(R(t, 1.0 if calls[t.task_id] == solves_at[t.task_id] else 0.0))
+            calls[t.task_id] += 1
+        return out
+
+    bank = ExperienceBank(BankConfig(), encoder)
+    progress = []
+    per_attempt = bank.seed(tasks, play, attempts=3, chunk=5, progress=lambda *a: progress.append(a))
+    assert per_attempt == [12, 9, 6]  # a quarter of the tasks solved at each attempt
+    assert [len(c) for c in played] == [5, 5, 2, 5, 4, 5, 1]  # chunks of at most 5 per attempt
+    assert sum(played[3:5], []) == [t.task_id for t in tasks if solves_at[t.task_id] > 0]
+    assert len(bank) == 9 and {e.task_id for e in bank.items} == {t for t, k in solves_at.items() if k < 3}
+    assert progress[-1] == (2, 6, 6) and bank.stats()["items_per_group"]["max"] >= 1
+    # one attempt plays every task once, whatever it scores
+    one = ExperienceBank(BankConfig(), encoder)
+    calls.clear()
+    assert one.seed(tasks, play, attempts=1) == [12] and len(one) == 3
+
+
 def test_state_roundtrip_restores_identical_retrieval(encoder, tmp_path):
     domain = get_domain("code", seed=0)
     bank = ExperienceBank(BankConfig(), encoder)

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 from collections.abc import Callable, Sequence
 
 import torch
@@ -19,6 +22,17 @@ def mean_se(values: Sequence[float]) -> tuple[float, float]:
     mean = sum(values) / max(n, 1)
     var = sum((v - mean) ** 2 for v in values) / (n - 1) if n > 1 else 0.0
     return mean, (var / max(n, 1)) ** 0.5
+
+
+def contexts_fingerprint(tasks: Sequence[Task], contexts: Sequence[str | None], sampling: SamplingConfig) -> str:
+    """SHA-256 of what a greedy held-out evaluation of one model depends on besides the model: the
+    tasks, the context each one's student sees, and the decoding settings.  Two evaluations of
+    the same weights with equal fingerprints are the same computation (``methods.core.loop``
+    reuses one for the other)."""
+    h = hashlib.sha256(json.dumps(dataclasses.asdict(sampling), sort_keys=True).encode())
+    for task, ctx in zip(tasks, contexts, strict=True):
+        h.update(json.dumps([task.task_id, task.prompt, ctx]).encode())
+    return h.hexdigest()
 
 
 def summarize(rollouts: Sequence[Rollout], prefix: str = "heldout_") -> dict[str, float]:

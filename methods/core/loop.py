@@ -22,7 +22,7 @@ import os
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ import torch
 from tasks.base import Task, TaskDomain
 
 from .batch import RolloutBatch, agent_token_logprobs, collate, rows_of
-from .evaluate import evaluate, summarize
+from .evaluate import contexts_fingerprint, evaluate, summarize
 from .ledger import Ledger
 from .registry import Method
 from .rollout import SamplingConfig, run_episodes
@@ -121,6 +121,9 @@ class RunContext:
     cold_start_path: Path | str | None = None
     #: the base policy's own ``eval.json`` when its evaluation is this run's (see :func:`_base_eval`)
     base_eval: dict[str, Any] | None = None
+    #: evaluations of the base policy with contexts in the student's prompt, each with its
+    #: ``contexts_sha256`` (e.g. retrieval's, ``methods.cli retrieved-eval``; see :func:`_base_eval`)
+    context_evals: list[dict[str, Any]] = field(default_factory=list)
 
 
 class TaskSampler:
@@ -385,17 +388,26 @@ class _Training:
 
 
 def _base_eval(run: RunContext, method: Method, tasks: list[Task], cfg: TrainConfig) -> dict[str, Any] | None:
-    """The evaluation before any update, taken from the base policy's own (``run.base_eval``,
-    its ``eval.json``) where it is the same computation: greedy decoding (no random draws), the
-    same held-out tasks, and a method whose student sees no context at test time.  The
-    rollout-0 evaluation of such a run is then bit-identical to the base policy's (checked on a
-    code run: all nine ``heldout_*`` values equal), so it is not recomputed.  None: evaluate."""
-    base = run.base_eval
-    if not base or cfg.eval_temperature != 0 or base.get("heldout_episodes") != len(tasks):
+    """The evaluation before any update, taken from one already made of the base policy where it
+    is the same computation: greedy decoding (no random draws), the same held-out tasks and
+    evaluation settings, and the same student contexts.  A method whose student sees no context
+    at test time reuses the base policy's own (``run.base_eval``, its ``eval.json``); one whose
+    student sees contexts reuses a ``run.context_evals`` entry whose ``contexts_sha256`` equals
+    the fingerprint of the contexts it would show now (retrieval RL's, from the seeded bank: the
+    same for every seed).  The reused evaluation is bit-identical to a recomputed one (checked on
+    a code GRPO run, all nine ``heldout_*`` values, and on retrieval RL's three seeds against the
+    test-bed probe).  None: evaluate."""
+    if cfg.eval_temperature != 0:
         return None
-    if any(c is not None for c in method.student_contexts(tasks)):
+    contexts = method.student_contexts(tasks)
+    if all(c is None for c in contexts):
+        found = run.base_eval
+    else:
+        fp = contexts_fingerprint(tasks, contexts, cfg.sampling(eval=True))
+        found = next((e for e in run.context_evals if e.get("contexts_sha256") == fp), None)
+    if not found or found.get("heldout_episodes") != len(tasks):
         return None
-    return {**{k: v for k, v in base.items() if k.startswith("heldout_")}, "eval_reused": True}
+    return {**{k: v for k, v in found.items() if k.startswith("heldout_")}, "eval_reused": True}
 
 
 def _update(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,14 @@ def same_group_share(tasks: Sequence[Task], hits: Sequence[Sequence[Experience]]
     return sum(e.group_id == t.group_id for t, h in zip(tasks, hits) for e in h) / max(sum(len(h) for h in hits), 1)
 
 
+def _spread(keys: Sequence[str]) -> dict[str, int]:
+    """Fewest, median and most items per key (among keys that have any)."""
+    counts = sorted(Counter(keys).values())
+    if not counts:
+        return {"min": 0, "median": 0, "max": 0}
+    return {"min": counts[0], "median": counts[len(counts) // 2], "max": counts[-1]}
+
+
 class LeakError(ValueError):
     """A held-out task was about to enter the experience bank."""
 
@@ -56,12 +65,13 @@ class BankConfig:
     success_threshold: float = 1.0  # tool use: reward >= threshold; code: reward is 1 iff all tests pass
     max_per_task: int = 1  # trajectories kept per task (its first successes)
     seed_tasks: int = 0  # training tasks the warm-start policy attempts to seed the bank before RL (0: start empty)
+    seed_attempts: int = 1  # attempts per seed task: a task is tried again while it has no success (pass@k seeding)
 
     def __post_init__(self):
         if not (0.0 < self.success_threshold <= 1.0):
             raise ValueError(f"bank.success_threshold must be in (0, 1], got {self.success_threshold}")
-        if self.max_per_task < 1 or self.seed_tasks < 0:
-            raise ValueError("bank.max_per_task must be >= 1 and bank.seed_tasks >= 0")
+        if self.max_per_task < 1 or self.seed_tasks < 0 or self.seed_attempts < 1:
+            raise ValueError("bank.max_per_task and bank.seed_attempts must be >= 1, and bank.seed_tasks >= 0")
 
 
 @dataclass(frozen=True)
@@ -137,6 +147,27 @@ class ExperienceBank:
     def add_rollouts(self, rollouts, step: int) -> int:
         return self.add([(r.task, r.episode.turns, r.reward) for r in rollouts], step)
 
+    def seed(self, tasks: Sequence[Task], play, attempts: int = 1, chunk: int = 256, progress=None) -> list[int]:
+        """Fill the bank before RL with the successes of ``play`` (a list of tasks -> their rollouts,
+        one each) on ``tasks``: every task is tried once, then those still without a success in the
+        bank again, up to ``attempts`` tries each (pass@k seeding; with ``max_per_task`` 1 a task
+        keeps its first success).  Plays ``chunk`` tasks at a time and calls ``progress(attempt,
+        tried, of)`` after each chunk.  Returns the number of rollouts of each attempt."""
+        todo, per_attempt = list(tasks), []
+        for attempt in range(attempts):
+            if not todo:
+                break
+            tried = 0
+            for start in range(0, len(todo), chunk):
+                rollouts = play(todo[start : start + chunk])
+                self.add_rollouts(rollouts, step=-1)
+                tried += len(rollouts)
+                if progress is not None:
+                    progress(attempt, tried, len(todo))
+            per_attempt.append(tried)
+            todo = [t for t in todo if self._per_task.get(t.task_id, 0) == 0]
+        return per_attempt
+
     def freeze(self) -> ExperienceBank:
         self.frozen = True
         return self
@@ -210,5 +241,6 @@ class ExperienceBank:
             "size": len(self),
             "tasks": len(self._per_task),
             "groups": len({e.group_id for e in self.items}),
+            "items_per_group": _spread([e.group_id for e in self.items]),
             "rejected": dict(self.rejected),
         }

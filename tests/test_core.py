@@ -339,14 +339,14 @@ def test_parking_finished_rows_changes_no_sample(tok, temperature):
             fed = []
             b.feed = (lambda f: lambda tok, real: (fed.append(len(tok)), f(tok, real))[1])(b.feed)
             out = b.decode(eos, 24, temperature, gen, True)
-            merged = min(fed)  # fewest rows a decode step ran
+            fewest = min(fed)  # fewest rows a decode step ran
             segments = [u + [7, 8, 9][: 1 + i % 3] for i, u in enumerate(out[2])]
             b.extend(segments)
-        return out, b.logits, gen.get_state(), merged
+        return out, b.logits, gen.get_state(), fewest
 
-    (tokens, logps, unfed), logits, state, merged = run(park=True)
-    (ref_tokens, ref_logps, ref_unfed), ref_logits, ref_state, ref_merged = run(park=False)
-    assert merged < ref_merged == len(prompts)  # rows were parked: later steps ran fewer rows
+    (tokens, logps, unfed), logits, state, fewest = run(park=True)
+    (ref_tokens, ref_logps, ref_unfed), ref_logits, ref_state, ref_fewest = run(park=False)
+    assert fewest < ref_fewest == len(prompts)  # rows were parked: later steps ran fewer rows
     lengths = [len(t) for t in tokens]
     assert min(lengths) < 24 / 2 and max(lengths) == 24  # some rows end early, some run to the cap
     assert tokens == ref_tokens and unfed == ref_unfed and torch.equal(state, ref_state)

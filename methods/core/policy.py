@@ -57,6 +57,17 @@ def build_policy(cfg: ModelConfig, tokenizer, seed: int) -> Qwen2ForCausalLM:
     return model
 
 
+def resolve_device(spec: str = "auto") -> tuple[torch.device, torch.dtype]:
+    """The device and dtype a job runs in: ``auto`` is CUDA with bf16 where a GPU is present, else CPU
+    with fp32; ``cpu``, ``cuda`` or ``cuda:N`` pick the device (fp32 on CPU, bf16 on CUDA)."""
+    if spec == "auto":
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(spec)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {spec!r} asked for, but torch sees no CUDA device here")
+    return device, (torch.bfloat16 if device.type == "cuda" else torch.float32)
+
+
 def load_policy(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
     """Load model and tokenizer from a local ``save_pretrained`` directory."""
     path = Path(path)

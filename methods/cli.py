@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
@@ -674,7 +675,11 @@ def main(argv=None) -> None:
     common.add_argument("--seed", type=int, required=True, help="run seed (model init, sampling)")
     common.add_argument("--out", required=True, help="output directory")
     common.add_argument("--threads", type=int, default=1, help="torch intra-op threads (the Snakemake rule's threads:)")
-    common.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    common.add_argument(
+        "--device",
+        default=os.environ.get("LOPD_DEVICE", "cpu"),
+        help="torch device: cpu, cuda[:N], or auto (CUDA where present, else CPU); default $LOPD_DEVICE, else cpu",
+    )
     ws = sub.add_parser("warmstart", parents=[common], help="warm start stage 1: expert SFT + its held-out score")
     ws.set_defaults(fn=cmd_warmstart)
     w2 = sub.add_parser(
@@ -794,6 +799,10 @@ def main(argv=None) -> None:
     eb.set_defaults(fn=cmd_eval_benchmark)
     args = p.parse_args(argv)
     torch.set_num_threads(max(1, args.threads))
+    if getattr(args, "device", None) == "auto" and args.fn is not cmd_eval_benchmark:
+        from methods.core.policy import resolve_device
+
+        args.device = str(resolve_device("auto")[0])  # the jobs keep fp32 weights on either device
     args.fn(args)
 
 

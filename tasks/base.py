@@ -206,7 +206,7 @@ def unknown_name(kind: str, name: str, known) -> KeyError:
 def _import_builtin_domains() -> None:
     import importlib
 
-    for mod in ("tasks.tooluse", "tasks.code", "tasks.humaneval"):
+    for mod in ("tasks.tooluse", "tasks.code", "tasks.humaneval", "tasks.bfcl"):
         importlib.import_module(mod)
 
 

@@ -61,6 +61,14 @@ def _save_warm_start(out: Path, model, tokenizer, report: dict) -> None:
     write_json_atomic(out / "eval.json", report)
 
 
+def _heldout_domain(job: dict):
+    """The evaluation-only benchmark a job's held-out evaluations use (``heldout_domain``), or None
+    when they use the training domain's own test split."""
+    from tasks.base import get_domain
+
+    return get_domain(job["heldout_domain"]) if job.get("heldout_domain") else None
+
+
 def cmd_warmstart(args) -> None:
     """Stage 1: expert SFT (or a checkpoint model's own evaluation).  Its job never holds the
     on-policy stage's fields: that stage is ``warmstart-stage2``, run on this output."""
@@ -84,15 +92,19 @@ def cmd_warmstart(args) -> None:
     if model_cfg.checkpoint:  # a real model: its own pretraining is the warm start
         model, tokenizer = load_policy(model_cfg.checkpoint, device=args.device)
         t0 = time.perf_counter()
+        heldout = _heldout_domain(job) or domain
         report = evaluate(
             model,
             ChatEncoder(tokenizer),
-            domain,
-            domain.tasks("test", train_cfg.eval_episodes),
+            heldout,
+            heldout.tasks("test", train_cfg.eval_episodes),
             train_cfg.sampling(eval=True),
             seed=args.seed,
         )
         report["wall_s"] = round(time.perf_counter() - t0, 2)
+        if heldout is not domain:
+            report["heldout_domain_version"] = heldout.version
+            heldout.close()
     else:
         model, tokenizer, report = warm_start(
             domain,
@@ -577,7 +589,7 @@ def _base_eval_of(path: Path, job: dict, version: str) -> dict | None:
     bjob = base.get("job") or {}
     same = (
         base.get("domain_version") == version
-        and all(bjob.get(k) == job.get(k) for k in ("domain", "task_seed", "domain_options"))
+        and all(bjob.get(k) == job.get(k) for k in ("domain", "task_seed", "domain_options", "heldout_domain"))
         and all((bjob.get("train") or {}).get(k) == job["train"].get(k) for k in EVAL_DEFINING)
     )
     return base if same else None
@@ -610,6 +622,7 @@ def cmd_train(args) -> None:
         device=torch.device(args.device),
         warmstart_path=Path(args.warmstart),
         out_dir=out,
+        heldout_domain=_heldout_domain(job),
     )
     if cls.uses_bank:
         if "bank" not in job:
@@ -657,6 +670,9 @@ def cmd_train(args) -> None:
         "warmstart": str(args.warmstart),
         **provenance(),
     }
+    if run.heldout_domain is not None:
+        summary["heldout_domain_version"] = run.heldout_domain.version
+        run.heldout_domain.close()
     write_json_atomic(out / "summary.json", summary)
     domain.close()
     print(

@@ -1,7 +1,11 @@
 # One base policy per domain (the paper's setting: every method and every RL seed starts from
 # the same pretrained model).  Built once with the profile's base_seed; RL seeds vary the runs only.
 rule warmstart_stage1:
-    """Expert SFT warm start per domain (cached); its job never holds the on-policy stage's fields."""
+    """Expert SFT warm start per domain (cached); its job never holds the on-policy stage's fields.
+    With model.checkpoint (a real model, e.g. results/models/<name> from rule pretrained_model) the
+    checkpoint is the warm start, and this job evaluates it."""
+    input:
+        lambda w: [c] if (c := resolve_job(config, w.domain)["model"]["checkpoint"]) else [],
     output:
         f"{OUT}/warmstart_stage1/{{domain}}/eval.json",
     log:

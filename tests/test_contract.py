@@ -245,3 +245,27 @@ def test_inner_curve_points_evaluate_a_prefix_of_the_held_out_tasks(warmstarts, 
     ]
     with pytest.raises(ValueError, match="curve_eval_episodes"):
         replace(cfg, curve_eval_episodes=cfg.eval_episodes + 1)
+
+
+def test_held_out_evaluation_on_a_benchmark_domain(warmstarts, tmp_path):
+    """With ``heldout_domain`` (the real profile: train on code, evaluate on HumanEval) every held-out
+    evaluation plays the benchmark's test problems, while training samples the domain's own tasks."""
+    from tasks.base import get_domain
+
+    method, run = _run("grpo", "code", warmstarts["code"][0], tmp_path)
+    run.heldout_domain = get_domain("humaneval")
+    try:
+        train(method, run, tmp_path)
+    finally:
+        run.heldout_domain.close()
+    evals = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in evals if r["kind"] == "eval"]
+    assert len(evals) == 3 and all(r["heldout_episodes"] == run.train_cfg.eval_episodes for r in evals)
+    # code's episodes report the tests passed; HumanEval's report only a reason: no heldout_passed
+    assert all("heldout_passed" not in r for r in evals)
+    assert run.ledger.rollouts == run.train_cfg.rollout_budget
+    # the same run without it evaluates on code's own test split
+    method, run = _run("grpo", "code", warmstarts["code"][0], tmp_path / "own")
+    train(method, run, tmp_path / "own")
+    own = [json.loads(line) for line in (tmp_path / "own" / "metrics.jsonl").read_text().splitlines()]
+    assert all("heldout_passed" in r for r in own if r["kind"] == "eval")

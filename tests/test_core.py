@@ -116,16 +116,41 @@ def _config():
 def test_shipped_config_validates():
     from methods.core.config import validate
 
-    for profile in ("small", "smoke"):
+    for profile in ("small", "smoke", "real-cpu"):
         cfg = _config()
         cfg["profile"] = profile
         validate(cfg)
 
 
+def test_profiles_select_domains_methods_and_heldout_benchmarks():
+    """A profile may run a subset of the grid and evaluate a domain on a benchmark; a profile that
+    does neither resolves jobs without the key, so their settings (Snakemake's params) are unchanged."""
+    from methods.core.config import profile_domains, profile_methods, resolve_job
+
+    cfg = _config()
+    assert profile_domains(cfg) == cfg["domains"] and profile_methods(cfg) == list(cfg["methods"])
+    assert all("heldout_domain" not in resolve_job(cfg, d, m) for d in cfg["domains"] for m in (None, "grpo"))
+    cfg["profile"] = "real-cpu"
+    assert profile_domains(cfg) == ["code"] and profile_methods(cfg) == ["grpo"]
+    job = resolve_job(cfg, "code", "grpo")
+    assert job["heldout_domain"] == "humaneval" and job["model"]["checkpoint"].endswith("smollm2-135m-instruct")
+    assert "heldout_domain" not in resolve_job(cfg, "tooluse", "grpo")
+
+
 @pytest.mark.parametrize(
     "mutate, message",
     [
-        (lambda c: c.update(profile="huge"), "unknown profile 'huge'.*known profiles: small, smoke"),
+        (lambda c: c.update(profile="huge"), "unknown profile 'huge'.*known profiles: real-cpu, small, smoke"),
+        (lambda c: c["profiles"]["small"].update(domains=["kode"]), r"profiles.small.domains: \['kode'\] are not"),
+        (lambda c: c["profiles"]["small"].update(methods=["rloo"]), r"profiles.small.methods: \['rloo'\] are not"),
+        (
+            lambda c: c["profiles"]["small"].update(heldout_domains={"code": "humanevl"}),
+            "unknown task 'humanevl'.*did you mean 'humaneval'",
+        ),
+        (
+            lambda c: c["profiles"]["small"].update(domains=["code"], heldout_domains={"tooluse": "bfcl_multiturn"}),
+            "heldout_domains: 'tooluse' is not a domain of this profile",
+        ),
         (lambda c: c["methods"].update(nosuch={}), "unknown method 'nosuch'.*known methods"),
         (lambda c: c.update(domains=["tooluse", "kode"]), "unknown task 'kode'.*did you mean 'code'"),
         (lambda c: c["profiles"]["small"]["train"].update(lr=5.0), r"train.lr must be in \(0, 1\)"),

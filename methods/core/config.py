@@ -39,6 +39,16 @@ def profile_section(config: dict[str, Any]) -> dict[str, Any]:
     return profiles[name]
 
 
+def profile_domains(config: dict[str, Any]) -> list[str]:
+    """The domains this profile runs: its own ``domains`` selection, else the configured ``domains``."""
+    return list(profile_section(config).get("domains") or config.get("domains", []))
+
+
+def profile_methods(config: dict[str, Any]) -> list[str]:
+    """Table 1's methods under this profile: its own ``methods`` selection, else every configured one."""
+    return list(profile_section(config).get("methods") or config.get("methods", {}))
+
+
 def _without_onpolicy(warmstart: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in warmstart.items() if not k.startswith("onpolicy_")}
 
@@ -72,6 +82,11 @@ def resolve_job(config: dict[str, Any], domain: str, method: str | None = None) 
         "warmstart": _warmstart_job(make_config(WarmStartConfig, prof.get("warmstart"), "warmstart")),
         "train": asdict(make_config(TrainConfig, prof.get("train"), "train")),
     }
+    heldout = (prof.get("heldout_domains") or {}).get(domain)
+    if heldout:  # evaluated on a benchmark instead of the domain's own test split
+        if heldout not in known_domains():
+            raise unknown_name("task", heldout, known_domains())
+        out["heldout_domain"] = heldout
     if out["model"].get("checkpoint") and out["warmstart"].get("onpolicy_steps"):
         raise ValueError(
             f"{domain}: warmstart.onpolicy_steps applies to the warm starts built here (stage 1's tokenizer and expert SFT); "
@@ -196,6 +211,14 @@ def validate(config: dict[str, Any]) -> None:
         raise ValueError(
             f"profiles.{config.get('profile')}.seeds must be a non-empty list of non-negative integers, got {seeds}"
         )
+    prof_name = config.get("profile")
+    for key, known in (("domains", config.get("domains", [])), ("methods", list(config.get("methods", {})))):
+        extra = [x for x in prof.get(key) or [] if x not in known]
+        if extra:
+            raise ValueError(f"profiles.{prof_name}.{key}: {extra} are not among the configured {key} {known}")
+    for d in (prof.get("heldout_domains") or {}):
+        if d not in profile_domains(config):
+            raise ValueError(f"profiles.{prof_name}.heldout_domains: {d!r} is not a domain of this profile")
     for d in config.get("domains", []):
         resolve_job(config, d)
         for m in entries:

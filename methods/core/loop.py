@@ -124,6 +124,9 @@ class RunContext:
     #: evaluations of the base policy with contexts in the student's prompt, each with its
     #: ``contexts_sha256`` (e.g. retrieval's, ``methods.cli retrieved-eval``; see :func:`_base_eval`)
     context_evals: list[dict[str, Any]] = field(default_factory=list)
+    #: where held-out evaluation happens when it is not ``domain``'s own test split: an
+    #: evaluation-only benchmark (the job's ``heldout_domain``, e.g. HumanEval for code)
+    heldout_domain: TaskDomain | None = None
 
 
 class TaskSampler:
@@ -231,6 +234,7 @@ class _Training:
         cfg = run.train_cfg
         self.method, self.run, self.cfg, self.label, self.fingerprint = method, run, cfg, label, fingerprint
         self.model, self.ledger, self.domain = run.model, run.ledger, run.domain
+        self.eval_domain = run.heldout_domain or run.domain
         out_dir.mkdir(parents=True, exist_ok=True)
         self.metrics = MetricsLog(out_dir / "metrics.jsonl")
         self.ckpt_path = out_dir / "checkpoint.pt"
@@ -242,7 +246,7 @@ class _Training:
                 )
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.sampler = TaskSampler(self.domain.tasks("train"), run.seed)
-        self.test_tasks = self.domain.tasks("test", cfg.eval_episodes)
+        self.test_tasks = self.eval_domain.tasks("test", cfg.eval_episodes)
         self.gen = torch.Generator(device=run.device).manual_seed(run.seed)
         torch.manual_seed(run.seed)
         self.evals_done: list[int] = []
@@ -313,7 +317,7 @@ class _Training:
             res = evaluate(
                 self.model,
                 run.encoder,
-                self.domain,
+                self.eval_domain,
                 tasks,
                 cfg.sampling(eval=True),
                 contexts_fn=self.method.student_contexts,

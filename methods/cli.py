@@ -815,7 +815,7 @@ def main(argv=None) -> None:
     eb.set_defaults(fn=cmd_eval_benchmark)
     args = p.parse_args(argv)
     torch.set_num_threads(max(1, args.threads))
-    if getattr(args, "device", None) == "auto" and args.fn is not cmd_eval_benchmark:
+    if getattr(args, "device", None) == "auto":
         from methods.core.policy import resolve_device
 
         args.device = str(resolve_device("auto")[0])  # the jobs keep fp32 weights on either device

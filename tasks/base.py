@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 __all__ = [
+    "BenchmarkDomain",
     "Task",
     "StepResult",
     "Episode",
@@ -167,6 +168,29 @@ class TaskDomain(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 (optional hook: most domains hold nothing to release)
         """Release resources (worker pools)."""
+
+
+class BenchmarkDomain(TaskDomain):
+    """An evaluation-only domain on a published benchmark (HumanEval, BFCL): one split, ``test``.
+
+    Nothing from a held-out benchmark may enter training, a bank or a warm start, so asking for any
+    other split is an error.  Subclasses build their tasks once, in :meth:`load_tasks`."""
+
+    _benchmark_tasks: list[Task] | None = None
+
+    @abc.abstractmethod
+    def load_tasks(self) -> list[Task]:
+        """Every task of the benchmark, in its own order."""
+
+    def tasks(self, split: str, n: int | None = None) -> list[Task]:
+        if split != "test":
+            raise ValueError(
+                f"{self.name} is an evaluation-only domain: its one split is 'test', not {split!r} "
+                "(nothing from a held-out benchmark may enter training, a bank or a warm start)"
+            )
+        if self._benchmark_tasks is None:
+            self._benchmark_tasks = self.load_tasks()
+        return self._benchmark_tasks if n is None else self._benchmark_tasks[:n]
 
 
 # --------------------------------------------------------------------------- registry

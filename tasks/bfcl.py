@@ -62,7 +62,7 @@ from importlib.metadata import version as installed_version
 from importlib.resources import files
 from typing import Any
 
-from tasks.base import Episode, StepResult, Task, TaskDomain, Turn, register_domain
+from tasks.base import BenchmarkDomain, Episode, StepResult, Task, Turn, register_domain
 
 __all__ = ["BFCLMultiTurnDomain", "CallFormatError", "load_entries", "parse_calls", "render_functions", "run_checker"]
 
@@ -453,26 +453,15 @@ class BFCLEpisode(Episode):
 
 
 @register_domain
-class BFCLMultiTurnDomain(TaskDomain):
+class BFCLMultiTurnDomain(BenchmarkDomain):
     """BFCL v4's 200 ``multi_turn_base`` conversations, evaluation only, scored by BFCL's own checker."""
 
     name = "bfcl_multiturn"
     version = f"bfcl-eval-{BFCL_VERSION}-{CATEGORY}-v1"
     system_prompt = ""  # a real model's chat template brings its own
 
-    def __init__(self, seed: int = 0, **options: Any):
-        super().__init__(seed, **options)
-        self._tasks: list[Task] | None = None
-
-    def tasks(self, split: str, n: int | None = None) -> list[Task]:
-        if split != "test":
-            raise ValueError(
-                f"bfcl_multiturn is an evaluation-only domain: its one split is 'test', not {split!r} "
-                "(nothing from a held-out benchmark may enter training, a bank or a warm start)"
-            )
-        if self._tasks is None:
-            self._tasks = [self._task(entry, gold) for entry, gold in load_entries()]
-        return self._tasks if n is None else self._tasks[:n]
+    def load_tasks(self) -> list[Task]:
+        return [self._task(entry, gold) for entry, gold in load_entries()]
 
     def _task(self, entry: dict, gold: list[list[str]]) -> Task:
         prompt = (

@@ -24,16 +24,14 @@ from functools import cache
 from importlib.resources import files
 from typing import Any
 
-from tasks.base import Episode, StepResult, Task, TaskDomain, Turn, register_domain
-from tasks.code import extract_program
-from tasks.sandbox import ExecResult, Sandbox
+from tasks.base import BenchmarkDomain, Task, register_domain
+from tasks.code import CodeEpisode, SandboxJudged, extract_program
+from tasks.sandbox import ExecResult
 
 __all__ = ["HumanEvalDomain", "load_problems", "pass_at_k", "program"]
 
 _INSTRUCTION = "Complete the following Python function. Reply with the complete function in a ```python code block."
 _HARNESS = "\n\n\ndef __check():\n    check({entry_point})\n    return True\n"
-#: sandbox limits: some of the benchmark's checks loop over thousands of inputs
-_SANDBOX_DEFAULTS = {"workers": 2, "cpu_s": 10, "wall_s": 20, "mem_mb": 512}
 
 
 @cache
@@ -64,38 +62,13 @@ def pass_at_k(n: Sequence[int], correct: Sequence[int], k: int) -> float:
     return float(estimate_pass_at_k(list(n), list(correct), k).mean())
 
 
-class HumanEvalEpisode(Episode):
-    """One answer, one sandboxed run of the benchmark's check."""
-
-    def __init__(self, task: Task, domain: HumanEvalDomain):
-        super().__init__(task)
-        self._domain = domain
-        self._result: ExecResult | None = None
+class HumanEvalEpisode(CodeEpisode):
+    """One answer, one sandboxed run of the benchmark's check (a code episode of one attempt)."""
 
     def job(self, action: str) -> tuple:
         p = self.task.payload
         source = program(p["prompt"], p["entry_point"], action) + "\n\n" + p["test"]
         return (source + _HARNESS.format(entry_point=p["entry_point"]), "__check", [((), True)])
-
-    def step(self, action: str) -> StepResult:
-        if self.done:
-            return StepResult(None, True)
-        return self.record(action, self._domain.sandbox().run_tests([self.job(action)])[0])
-
-    def record(self, action: str, result: ExecResult) -> StepResult:
-        self._result = result
-        observation = "all tests passed" if result.ok else result.reason
-        self.turns.append(Turn(action, observation))
-        self.done = True
-        return StepResult(observation, True)
-
-    def reward(self) -> float:
-        return 1.0 if self._result is not None and self._result.ok else 0.0
-
-    def feedback(self) -> str:
-        if self._result is None:
-            return "no program submitted"
-        return "" if self._result.ok else self.turns[-1].observation
 
     def expert_action(self) -> str:
         return f"```python\n{self.task.reference}```"
@@ -105,33 +78,17 @@ class HumanEvalEpisode(Episode):
 
 
 @register_domain
-class HumanEvalDomain(TaskDomain):
+class HumanEvalDomain(SandboxJudged, BenchmarkDomain):
     """HumanEval's 164 problems, evaluation only.  Options ``workers``, ``cpu_s``, ``wall_s`` and
     ``mem_mb`` size this domain's sandbox pool (defaults: 2 workers, 10 CPU-s, 20 s, 512 MB)."""
 
     name = "humaneval"
     version = "humaneval-1.0.3-v1"
     system_prompt = ""  # a real model's chat template brings its own
+    sandbox_defaults = {"workers": 2, "cpu_s": 10, "wall_s": 20, "mem_mb": 512}  # some checks loop a while
 
-    def __init__(self, seed: int = 0, **options: Any):
-        super().__init__(seed, **options)
-        self._sandbox: Sandbox | None = None
-        self._tasks: list[Task] | None = None
-
-    def sandbox(self) -> Sandbox:
-        if self._sandbox is None:
-            self._sandbox = Sandbox(**{k: self.options.get(k, v) for k, v in _SANDBOX_DEFAULTS.items()})
-        return self._sandbox
-
-    def tasks(self, split: str, n: int | None = None) -> list[Task]:
-        if split != "test":
-            raise ValueError(
-                f"humaneval is an evaluation-only domain: its one split is 'test', not {split!r} "
-                "(nothing from a held-out benchmark may enter training, a bank or a warm start)"
-            )
-        if self._tasks is None:
-            self._tasks = [self._task(p) for p in load_problems()]
-        return self._tasks if n is None else self._tasks[:n]
+    def load_tasks(self) -> list[Task]:
+        return [self._task(p) for p in load_problems()]
 
     def _task(self, p: dict) -> Task:
         return Task(
@@ -149,16 +106,7 @@ class HumanEvalDomain(TaskDomain):
     def reset(self, task: Task) -> HumanEvalEpisode:
         return HumanEvalEpisode(task, self)
 
-    def step_batch(self, episodes: Sequence[Episode], actions: Sequence[str]) -> list[StepResult]:
-        """Run every open episode's program through the sandbox pool at once."""
-        todo = [k for k, ep in enumerate(episodes) if not ep.done]
-        results = self.sandbox().run_tests([episodes[k].job(actions[k]) for k in todo])
-        out = [StepResult(None, True)] * len(episodes)
-        for k, result in zip(todo, results):
-            out[k] = episodes[k].record(actions[k], result)
-        return out
-
-    def close(self) -> None:
-        if self._sandbox is not None:
-            self._sandbox.close()
-            self._sandbox = None
+    @staticmethod
+    def failure_text(task: Task, result: ExecResult) -> str:
+        """The sandbox's account of the failure (the assertion, error or timeout)."""
+        return result.reason

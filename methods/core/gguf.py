@@ -17,7 +17,6 @@ needs the ``gguf`` package.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 from dataclasses import dataclass
 from importlib.util import find_spec
@@ -63,14 +62,6 @@ def gguf_path(name: str) -> Path:
     return path
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def load_gguf(path: str | Path):
     """The GGUF file at ``path`` dequantized to an fp32 model (not serializable as such) and its tokenizer."""
     import torch
@@ -89,10 +80,12 @@ def convert_gguf(name: str, out: str | Path, gguf_file: str | Path | None = None
     ``save_pretrained`` directory; returns (and writes as ``out/conversion.json``) what was done."""
     import time
 
+    from methods.core.shipped import sha256_file
+
     t0 = time.perf_counter()
     path = Path(gguf_file) if gguf_file is not None else gguf_path(name)
     ref, tokenizer = load_gguf(path)
-    record = save_checked(ref, tokenizer, out, {"model": name, "gguf": str(path), "gguf_sha256": _sha256(path)})
+    record = save_checked(ref, tokenizer, out, {"model": name, "gguf": str(path), "gguf_sha256": sha256_file(path)})
     record["wall_s"] = round(time.perf_counter() - t0, 1)
     (Path(out) / "conversion.json").write_text(json.dumps(record, indent=1) + "\n")
     return record

@@ -60,7 +60,8 @@ def shipped_dir(profile: str, domain: str, root: Path | str = ".") -> Path:
     return Path(root) / SHIPPED_ROOT / profile / domain
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """SHA-256 of a file's bytes, read in 1 MiB blocks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -72,7 +73,7 @@ def file_hashes(src: Path) -> dict[str, str]:
     """SHA-256 of ``eval.json`` and every file under ``model/``, by path relative to ``src``."""
     src = Path(src)
     files = [src / "eval.json", *sorted(p for p in (src / "model").rglob("*") if p.is_file())]
-    return {p.relative_to(src).as_posix(): _sha256(p) for p in files}
+    return {p.relative_to(src).as_posix(): sha256_file(p) for p in files}
 
 
 def _scores(src: Path) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from tasks.base import Episode, StepResult, Task, TaskDomain, Turn, register_domain
 from tasks.code.families import CONVENTIONS, PROJECTS, TEMPLATES, render_reference
@@ -40,6 +40,7 @@ from tasks.sandbox import ExecResult, Sandbox, default_sandbox
 
 __all__ = [
     "CodeDomain",
+    "SandboxJudged",
     "CodeEpisode",
     "extract_program",
     "CONVENTIONS",
@@ -102,8 +103,42 @@ class CodeEpisode(Episode):
         return {"passed": r.passed, "total": r.total, "reason": r.reason}
 
 
+class SandboxJudged:
+    """For domains whose episodes are judged by the sandbox pool (code, HumanEval): the pool, a batch
+    of programs sent through it at once, and its release.  Episodes provide ``job(action)`` (what to
+    run) and ``record(action, result)`` (the verdict).  The options ``workers``, ``cpu_s``, ``wall_s``
+    and ``mem_mb`` give the domain its own pool, over ``sandbox_defaults``; without them and without
+    defaults it shares the process-wide one."""
+
+    sandbox_defaults: ClassVar[dict[str, Any] | None] = None
+    _own_sandbox: Sandbox | None = None
+    options: dict[str, Any]
+
+    def sandbox(self) -> Sandbox:
+        given = {k: self.options[k] for k in ("workers", "cpu_s", "wall_s", "mem_mb") if k in self.options}
+        if not given and self.sandbox_defaults is None:
+            return default_sandbox()
+        if self._own_sandbox is None:
+            self._own_sandbox = Sandbox(**{**(self.sandbox_defaults or {}), **given})
+        return self._own_sandbox
+
+    def step_batch(self, episodes: Sequence[Episode], actions: Sequence[str]) -> list[StepResult]:
+        """Run every still-open episode's program through the sandbox pool at once."""
+        todo = [k for k, ep in enumerate(episodes) if not ep.done]
+        results = self.sandbox().run_tests([episodes[k].job(actions[k]) for k in todo])
+        out = [StepResult(None, True)] * len(episodes)
+        for k, result in zip(todo, results):
+            out[k] = episodes[k].record(actions[k], result)
+        return out
+
+    def close(self) -> None:
+        if self._own_sandbox is not None:
+            self._own_sandbox.close()
+            self._own_sandbox = None
+
+
 @register_domain
-class CodeDomain(TaskDomain):
+class CodeDomain(SandboxJudged, TaskDomain):
     """Function synthesis with per-project hidden conventions.  Options: ``attempts``
     (programs per episode, default 2); ``workers``, ``cpu_s``, ``wall_s``, ``mem_mb`` give
     this domain its own sandbox pool; without them it shares the process-wide default sandbox."""
@@ -117,16 +152,7 @@ class CodeDomain(TaskDomain):
         self.attempts = int(options.get("attempts", 2))
         if self.attempts < 1:
             raise ValueError(f"code domain option attempts must be >= 1, got {self.attempts}")
-        self._own_sandbox: Sandbox | None = None
         self._cache: dict[str, list[Task]] = {}
-
-    def sandbox(self) -> Sandbox:
-        keys = ("workers", "cpu_s", "wall_s", "mem_mb")
-        if not any(k in self.options for k in keys):
-            return default_sandbox()
-        if self._own_sandbox is None:
-            self._own_sandbox = Sandbox(**{k: self.options[k] for k in keys if k in self.options})
-        return self._own_sandbox
 
     def tasks(self, split: str, n: int | None = None) -> list[Task]:
         if split not in _DEFAULT_SIZES:
@@ -178,17 +204,3 @@ class CodeDomain(TaskDomain):
         while not ep.done:
             ep.step(task.reference if rng.random() < recovery else naive)
         return ep
-
-    def step_batch(self, episodes: Sequence[Episode], actions: Sequence[str]) -> list[StepResult]:
-        """Run every still-open episode's program through the sandbox pool at once."""
-        todo = [k for k, ep in enumerate(episodes) if not ep.done]
-        results = self.sandbox().run_tests([episodes[k].job(actions[k]) for k in todo])
-        out = [StepResult(None, True)] * len(episodes)
-        for k, result in zip(todo, results):
-            out[k] = episodes[k].record(actions[k], result)
-        return out
-
-    def close(self) -> None:
-        if self._own_sandbox is not None:
-            self._own_sandbox.close()
-            self._own_sandbox = None

@@ -9,6 +9,7 @@
     python -m methods.cli install-base --job JSON --seed S --shipped DIR --out DIR
     python -m methods.cli ship-base    --job JSON --seed S --warmstart DIR --out DIR
     python -m methods.cli check-base   --job JSON --seed S --warmstart DIR --shipped DIR --out FILE.json
+    python -m methods.cli export-verl  --job JSON --out DIR
 
 ``--job`` is the resolved job settings (see :func:`methods.core.config.resolve_job`)
 as a JSON string or ``@file.json``; the rules pass it so that every result
@@ -681,6 +682,13 @@ def cmd_train(args) -> None:
     )
 
 
+def cmd_export_verl(args) -> None:
+    from methods.verl_backend.export import export_job
+
+    for split, path in export_job(_job(args.job), args.out).items():
+        print(f"[export-verl] {split}: {path}", file=sys.stderr)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(
         prog="python -m methods.cli", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -813,6 +821,13 @@ def main(argv=None) -> None:
     eb.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     eb.add_argument("--device", default="auto", help="auto (CUDA with bf16 if present, else CPU fp32), cpu or cuda")
     eb.set_defaults(fn=cmd_eval_benchmark)
+    ev = sub.add_parser(
+        "export-verl",
+        help="a job's training split and held-out tasks as verl's RL parquet files (train.parquet, test.parquet)",
+    )
+    ev.add_argument("--job", required=True, help="resolved job settings: a JSON string or @path.json")
+    ev.add_argument("--out", required=True, help="output directory")
+    ev.set_defaults(fn=cmd_export_verl, threads=1)
     args = p.parse_args(argv)
     torch.set_num_threads(max(1, args.threads))
     if getattr(args, "device", None) == "auto":

@@ -52,7 +52,7 @@ class GRPO(Method):
         batch.extras["advantages"] = grpo_outcome_advantage(
             batch.rewards, batch.group_index, norm_by_std=self.cfg.norm_by_std
         )
-        varied = _groups_with_variance(batch.rewards, batch.group_index)
+        varied = groups_with_variance(batch.rewards, batch.group_index)
         batch.extras["pg_signal"] = varied if self.cfg.drop_zero_variance else torch.ones_like(varied)
         return {"zero_variance_share": float(1 - varied.float().mean())}
 
@@ -72,7 +72,7 @@ class GRPO(Method):
         )
 
 
-def _groups_with_variance(rewards: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
+def groups_with_variance(rewards: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
     """[N] bool: True where the rollout's group has at least two distinct rewards."""
     n_groups = int(group_index.max()) + 1
     lo = rewards.new_full((n_groups,), float("inf")).scatter_reduce(0, group_index, rewards, "amin")

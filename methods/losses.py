@@ -39,6 +39,7 @@ __all__ = [
     "masked_sum",
     "masked_mean",
     "agg_loss",
+    "group_ids",
     "grpo_outcome_advantage",
     "ppo_clip_loss",
 ]
@@ -164,7 +165,7 @@ def agg_loss(loss_mat: Tensor, mask: Tensor, agg: str = "token-mean") -> Tensor:
 # --------------------------------------------------------------------------- #
 # GRPO outcome advantage
 # --------------------------------------------------------------------------- #
-def _group_ids(group_index: Tensor | Sequence[Any] | Any, n: int, device: torch.device) -> Tensor:
+def group_ids(group_index: Tensor | Sequence[Any] | Any, n: int, device: torch.device) -> Tensor:
     """Map arbitrary group labels (tensor / list / numpy array of hashables) to 0..G-1."""
     if isinstance(group_index, Tensor):
         if group_index.dim() != 1:
@@ -239,7 +240,7 @@ def grpo_outcome_advantage(
     out_dtype = rewards.dtype if torch.is_floating_point(rewards) else torch.float32
     n = rewards.shape[0]
     device = rewards.device
-    gid = _group_ids(group_index, n, device)
+    gid = group_ids(group_index, n, device)
     if n == 0:
         return torch.zeros(0, dtype=out_dtype, device=device)
 

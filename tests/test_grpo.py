@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from methods.grpo import GRPOConfig, _groups_with_variance
+from methods.grpo import GRPOConfig, groups_with_variance
 
 
 def test_groups_with_variance():
     rewards = torch.tensor([0.0, 0.0, 1.0, 1.0, 0.5, 0.0, 0.3, 0.3])
     groups = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
-    assert _groups_with_variance(rewards, groups).tolist() == [False, False, False, False, True, True, False, False]
+    assert groups_with_variance(rewards, groups).tolist() == [False, False, False, False, True, True, False, False]
 
 
 def test_config_defaults_are_the_papers():

@@ -1,0 +1,12 @@
+"""The verl backend: the suite's methods on verl (0.9.1) for runs larger than one device.
+
+What exists so far (``docs/verl.md`` tracks the rest):
+
+* :mod:`.plugin` -- the suite's GRPO advantage (with its zero-variance-group handling), its PPO
+  loss and its sampled-token reverse KL, registered in verl's own registries.  verl imports the
+  module in each of its processes through the ``verl.plugins`` entry point (``pyproject.toml``).
+* :mod:`.export` -- a domain's train and test splits as verl's RL parquet files, each row naming
+  the suite task it renders, so that verl's dataset and the suite's episode see the same task.
+
+Nothing here imports verl at package import: ``methods.verl_backend.export`` runs without it.
+"""

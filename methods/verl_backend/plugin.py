@@ -1,0 +1,161 @@
+"""The suite's losses in verl's registries (verl 0.9.1), so that a verl run trains with them.
+
+verl imports every entry point of the ``verl.plugins`` group in each of its processes
+(``verl/__init__.py``); ``pyproject.toml`` names this module there.  A verl run then selects:
+
+* ``algorithm.adv_estimator=lopd_bench_grpo`` -- the suite's GRPO outcome advantage
+  (:func:`methods.losses.grpo_outcome_advantage`, DeepSeekMath Sec. 4.1.2) with the suite's
+  default handling of groups whose rewards are all equal: they carry no signal, so they leave the
+  loss entirely (``GRPOConfig.drop_zero_variance``), instead of entering verl's token mean with
+  advantage 0 and diluting it.  verl's loss reads the response mask, and counts the batch's tokens,
+  after the advantage is computed, so the estimator clears those rows of ``response_mask`` in
+  place.  ``lopd_bench_grpo_keep`` keeps them, as verl's ``grpo`` does.
+* ``actor.policy_loss.loss_mode=lopd_bench_ppo`` -- the suite's PPO clipped surrogate with dual
+  clip (:func:`methods.losses.ppo_clip_loss`), normalised over the *global* batch as verl's
+  ``agg_loss`` is, so that micro-batches and data-parallel ranks add up to the full batch's loss.
+* distillation ``loss_mode=lopd_bench_sampled_reverse_kl`` -- the suite's sampled-token surrogate
+  of KL(student || teacher) (:func:`methods.divergences.sampled_token_reverse_kl`, Skill-SD's
+  term), whose gradient is the score-function estimate of the KL's gradient; verl's ``k1``
+  estimator has the same value in expectation but a gradient that ignores the teacher.
+
+The full-vocabulary divergences (forward/reverse KL, JSD, top-k with tail) need the student's
+logits, which verl shows only to a logits processor; they come with the distillation trainer step.
+
+Registration is idempotent: importing the module twice (verl's plugin loader and a direct import)
+registers each name once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from verl.trainer.distillation import losses as verl_distill
+from verl.trainer.ppo import core_algos
+
+from methods.divergences import sampled_token_reverse_kl
+from methods.grpo import groups_with_variance
+from methods.losses import group_ids, grpo_outcome_advantage, ppo_clip_loss
+
+__all__ = ["ADV_ESTIMATOR", "ADV_ESTIMATOR_KEEP", "POLICY_LOSS", "DISTILLATION_LOSS", "global_scale"]
+
+ADV_ESTIMATOR = "lopd_bench_grpo"
+ADV_ESTIMATOR_KEEP = "lopd_bench_grpo_keep"
+POLICY_LOSS = "lopd_bench_ppo"
+DISTILLATION_LOSS = "lopd_bench_sampled_reverse_kl"
+
+
+def _norm_by_std(config) -> bool:
+    return bool(config.get("norm_adv_by_std_in_grpo", True)) if config is not None else True
+
+
+def _grpo(token_level_rewards, response_mask, index, config, drop_zero_variance: bool):
+    scores = token_level_rewards.sum(dim=-1)
+    adv = grpo_outcome_advantage(scores, index, norm_by_std=_norm_by_std(config))
+    if drop_zero_variance:
+        varied = groups_with_variance(scores, group_ids(index, scores.shape[0], scores.device))
+        response_mask.masked_fill_(~varied.unsqueeze(-1), 0)  # in place: the loss and its token count read it
+    adv = adv.unsqueeze(-1) * response_mask.to(adv.dtype)
+    return adv, adv
+
+
+def grpo_advantage(token_level_rewards, response_mask, index, config=None, **_: Any):
+    """``lopd_bench_grpo``: Â_i = (r_i − mean_g r) / (std_g r + ε) on every response token of rollout
+    ``i`` (Eq. of DeepSeekMath Sec. 4.1.2; the suite's GRPO); rollouts of zero-variance groups are
+    removed from ``response_mask`` (in place)."""
+    return _grpo(token_level_rewards, response_mask, index, config, drop_zero_variance=True)
+
+
+def grpo_advantage_keep(token_level_rewards, response_mask, index, config=None, **_: Any):
+    """``lopd_bench_grpo_keep``: the same advantage, zero-variance groups left in the loss with Â = 0."""
+    return _grpo(token_level_rewards, response_mask, index, config, drop_zero_variance=False)
+
+
+def global_scale(mask: torch.Tensor, agg: str, info: dict) -> float:
+    """The factor that turns the suite's loss over one micro-batch (normalised over that micro-batch)
+    into verl's share of the global loss (``core_algos.agg_loss`` with ``info`` =
+    ``config.global_batch_info``: ``dp_size``, ``batch_num_tokens``, ``global_batch_size``,
+    ``loss_scale_factor``).  Without global information verl normalises locally, and the factor is 1."""
+    dp = info.get("dp_size") or 1
+    if agg == "token-mean":
+        tokens = info.get("batch_num_tokens")
+        return float(mask.sum()) / tokens * dp if tokens is not None else float(dp)
+    if agg == "token-sum":
+        return float(dp)
+    seqs = info.get("global_batch_size")
+    scale = float((mask.sum(dim=-1) > 0).sum()) / seqs * dp if seqs is not None else float(dp)
+    if agg == "seq-mean-token-sum-norm" and info.get("loss_scale_factor") is not None:
+        scale *= mask.shape[-1] / info["loss_scale_factor"]
+    return scale
+
+
+def ppo_loss(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config=None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """``lopd_bench_ppo``: the suite's PPO clipped surrogate with dual clip (Schulman et al. 2017;
+    Ye et al. 2020) under verl's policy-loss signature, clip ranges from the actor config."""
+    if config is None:
+        raise ValueError(f"{POLICY_LOSS} needs the actor config (its clip ratios)")
+    if rollout_is_weights is not None:
+        raise ValueError(
+            f"{POLICY_LOSS} applies no rollout-correction weights; set algorithm.rollout_correction to null "
+            "(the suite's runs sample and train on the same policy)"
+        )
+    clip = config.clip_ratio
+    low = config.clip_ratio_low if config.clip_ratio_low is not None else clip
+    high = config.clip_ratio_high if config.clip_ratio_high is not None else clip
+    loss, m = ppo_clip_loss(
+        log_prob,
+        old_log_prob,
+        advantages,
+        response_mask,
+        clip_low=low,
+        clip_high=high,
+        clip_ratio_c=config.get("clip_ratio_c", 3.0),
+        agg=loss_agg_mode,
+    )
+    loss = loss * global_scale(response_mask, loss_agg_mode, config.global_batch_info)
+    metrics = {
+        "actor/pg_clipfrac": m["clipfrac"],
+        "actor/ppo_kl": m["approx_kl"],
+        "actor/pg_clipfrac_lower": m["clipfrac_lower"],
+    }
+    return loss, metrics
+
+
+def sampled_reverse_kl(config, distillation_config, model_output, data) -> tuple[torch.Tensor, dict[str, Any]]:
+    """``lopd_bench_sampled_reverse_kl``: per response token ``sg[log π_S(a) − log π_T(a)] · log π_S(a)``
+    (the suite's sampled-token reverse KL), ``[B, T]``; verl masks and aggregates it."""
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    student = no_padding_2_padding(model_output["log_probs"], data)
+    teacher = no_padding_2_padding(data["teacher_logprobs"], data).squeeze(-1)
+    per_token = sampled_token_reverse_kl(student, teacher)
+    mask = data["response_mask"]
+    mask = mask.to_padded_tensor(False) if mask.is_nested else mask
+    valid = per_token.detach()[mask.bool()]
+    return per_token, {"distillation/sampled_reverse_kl": float(valid.mean()) if valid.numel() else 0.0}
+
+
+def register() -> None:
+    """Put the suite's functions into verl's registries (each name once; another function already
+    registered under one of the names is an error, raised by verl's own registries or here)."""
+    for name, fn in ((ADV_ESTIMATOR, grpo_advantage), (ADV_ESTIMATOR_KEEP, grpo_advantage_keep)):
+        if core_algos.ADV_ESTIMATOR_REGISTRY.get(name) is not fn:
+            core_algos.register_adv_est(name)(fn)
+    core_algos.register_policy_loss(POLICY_LOSS)(ppo_loss)
+    registered = verl_distill.DISTILLATION_LOSS_REGISTRY.get(DISTILLATION_LOSS)
+    if registered is not None and registered is not sampled_reverse_kl:
+        raise ValueError(f"verl already has another distillation loss named {DISTILLATION_LOSS!r}")
+    if registered is None:
+        settings = verl_distill.DistillationLossSettings(names=[DISTILLATION_LOSS], use_estimator=True)
+        verl_distill.register_distillation_loss(settings)(sampled_reverse_kl)
+
+
+register()

@@ -1,0 +1,271 @@
+"""The verl backend on CPU: the plugin's registered losses inside verl's own loss functions, and the
+parquet export read back through verl's RL dataset (verl 0.9.1, installed --no-deps)."""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+pytest.importorskip("verl")
+from tensordict import TensorDict  # noqa: E402
+from verl.trainer.ppo import core_algos  # noqa: E402
+from verl.utils import tensordict_utils as tu  # noqa: E402
+from verl.workers.config import FSDPActorConfig, PolicyLossConfig  # noqa: E402
+from verl.workers.utils.losses import ppo_loss as verl_ppo_loss  # noqa: E402
+
+from methods.losses import ppo_clip_loss  # noqa: E402
+from methods.verl_backend import plugin  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+AGG = ["token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+
+
+def test_plugin_is_verl_entry_point_and_registered():
+    (ep,) = [ep for ep in entry_points(group="verl.plugins") if ep.name == "lopd_bench"]
+    assert ep.load() is plugin
+    assert core_algos.get_adv_estimator_fn(plugin.ADV_ESTIMATOR) is plugin.grpo_advantage
+    assert core_algos.get_adv_estimator_fn(plugin.ADV_ESTIMATOR_KEEP) is plugin.grpo_advantage_keep
+    assert core_algos.get_policy_loss_fn(plugin.POLICY_LOSS) is plugin.ppo_loss
+    from verl.trainer.distillation import losses as d
+
+    assert d.get_distillation_loss_fn(plugin.DISTILLATION_LOSS) is plugin.sampled_reverse_kl
+    assert d.get_distillation_loss_settings(plugin.DISTILLATION_LOSS).use_estimator
+    plugin.register()  # idempotent
+
+
+# --------------------------------------------------------------------------- advantage
+def _grpo_batch(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    rewards = torch.tensor([1.0, 0.0, 0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+    uid = np.array([f"task{i // 4}" for i in range(16)], dtype=object)  # groups 1 and 3 have no variance
+    lengths = torch.randint(1, 7, (16,), generator=g)
+    mask = (torch.arange(6)[None, :] < lengths[:, None]).long()
+    token_rewards = torch.zeros(16, 6)
+    token_rewards[torch.arange(16), lengths - 1] = rewards  # the outcome on the last response token
+    return token_rewards, mask, uid
+
+
+def test_grpo_advantage_keep_equals_verl_grpo():
+    token_rewards, mask, uid = _grpo_batch()
+    ours, returns = plugin.grpo_advantage_keep(token_rewards, mask.clone(), uid)
+    theirs, _ = core_algos.compute_grpo_outcome_advantage(token_rewards, mask, uid)
+    torch.testing.assert_close(ours, theirs)
+    assert returns is ours
+
+
+def test_grpo_advantage_drops_zero_variance_groups_from_the_mask():
+    token_rewards, mask, uid = _grpo_batch()
+    before = mask.clone()
+    adv, _ = plugin.grpo_advantage(token_rewards, mask, uid)
+    dropped = torch.tensor([i // 4 in (1, 3) for i in range(16)])
+    assert (mask[dropped] == 0).all()  # in place: verl's loss and token count read this mask
+    assert torch.equal(mask[~dropped], before[~dropped])
+    theirs, _ = core_algos.compute_grpo_outcome_advantage(token_rewards, before, uid)
+    torch.testing.assert_close(adv[~dropped], theirs[~dropped])
+    assert (adv[dropped] == 0).all()
+
+
+# --------------------------------------------------------------------------- policy loss
+def _verl_batch(rows, seed=0, prompt=3, width=5):
+    """A padded verl batch (prompts left-padded, responses right-padded) and the model output verl's
+    engine would give for it: log-probs flattened over each sequence's real tokens."""
+    g = torch.Generator().manual_seed(seed)
+    b = len(rows)
+    resp = torch.tensor([r for r, _ in rows])
+    plen = torch.tensor([p for _, p in rows])
+    attn = torch.zeros(b, prompt + width, dtype=torch.long)
+    for i in range(b):
+        attn[i, prompt - plen[i] : prompt] = 1
+        attn[i, prompt : prompt + resp[i]] = 1
+    logp = -torch.rand(b, width, generator=g) * 2
+    flat = []
+    for i in range(b):  # the model's output at position t scores token t + 1
+        seq = torch.zeros(int(plen[i] + resp[i]))
+        seq[int(plen[i]) - 1 : int(plen[i]) - 1 + int(resp[i])] = logp[i, : resp[i]]
+        flat.append(seq)
+    data = TensorDict(
+        {
+            "prompts": torch.ones(b, prompt, dtype=torch.long),
+            "responses": torch.ones(b, width, dtype=torch.long),
+            "attention_mask": attn,
+            "response_mask": attn[:, prompt:].clone(),
+            "old_log_probs": logp + 0.3 * torch.randn(b, width, generator=g),
+            "advantages": torch.randn(b, 1, generator=g).expand(b, width).clone(),
+        },
+        batch_size=[b],
+    )
+    return torch.cat(flat), logp, data
+
+
+def _config(mode, agg="token-mean", **kw):
+    return FSDPActorConfig(
+        strategy="fsdp",
+        ppo_mini_batch_size=4,
+        ppo_micro_batch_size_per_gpu=2,
+        use_dynamic_bsz=False,
+        rollout_n=1,
+        loss_agg_mode=agg,
+        policy_loss=PolicyLossConfig(loss_mode=mode),
+        **kw,
+    )
+
+
+def _loss(mode, agg, flat, data, **info):
+    tu.assign_non_tensor(
+        data,
+        dp_size=info.get("dp_size", 1),
+        batch_num_tokens=info.get("batch_num_tokens"),
+        global_batch_size=info.get("global_batch_size"),
+    )
+    flat = flat.clone().requires_grad_()
+    loss, metrics = verl_ppo_loss(
+        _config(mode, agg, clip_ratio_low=0.2, clip_ratio_high=0.28), {"log_probs": flat}, data
+    )
+    loss.backward()
+    return loss.detach(), flat.grad, metrics
+
+
+ROWS = [(5, 3), (2, 1), (4, 2), (1, 3)]
+
+
+@pytest.mark.parametrize("agg", AGG)
+def test_policy_loss_equals_verl_vanilla_and_the_suite(agg):
+    flat, logp, data = _verl_batch(ROWS)
+    ours, grad_ours, m_ours = _loss(plugin.POLICY_LOSS, agg, flat, data)
+    theirs, grad_theirs, m_theirs = _loss("vanilla", agg, flat, data)
+    torch.testing.assert_close(ours, theirs)
+    torch.testing.assert_close(grad_ours, grad_theirs)
+    for key in ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"):
+        assert m_ours[key].values == pytest.approx(m_theirs[key].values, abs=1e-6)
+    suite, _ = ppo_clip_loss(
+        logp, data["old_log_probs"], data["advantages"], data["response_mask"], clip_low=0.2, clip_high=0.28, agg=agg
+    )
+    torch.testing.assert_close(ours, suite)
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_policy_loss_micro_batches_and_ranks_add_up_to_the_batch(agg):
+    """verl normalises each micro-batch by the global batch's tokens (or sequences) and DDP averages
+    the ranks' gradients: the micro-batches' losses, summed and averaged over ranks, are the batch's."""
+    flat, _, data = _verl_batch(ROWS)
+    full, grad_full, _ = _loss(plugin.POLICY_LOSS, agg, flat, data)
+    info = {"batch_num_tokens": int(data["response_mask"].sum()), "global_batch_size": len(ROWS)}
+    parts = []
+    for rows in ([0, 1], [2, 3]):
+        f, _, d = _verl_batch(ROWS)
+        sub = d[rows]
+        sub_flat = torch.cat([f.split([r + p for r, p in ROWS])[i] for i in rows])
+        parts.append(_loss(plugin.POLICY_LOSS, agg, sub_flat, sub, **info)[0])
+    torch.testing.assert_close(parts[0] + parts[1], full)
+    ranks = [
+        _loss(plugin.POLICY_LOSS, agg, *_split(flat, data, rows), dp_size=2, **info)[0] for rows in ([0, 1], [2, 3])
+    ]
+    torch.testing.assert_close((ranks[0] + ranks[1]) / 2, full)
+    assert grad_full.abs().sum() > 0
+
+
+def _split(flat, data, rows):
+    pieces = flat.split([r + p for r, p in ROWS])
+    return torch.cat([pieces[i] for i in rows]), data[rows]
+
+
+def test_policy_loss_refuses_rollout_correction_weights():
+    _, logp, data = _verl_batch(ROWS)
+    with pytest.raises(ValueError, match="rollout-correction"):
+        plugin.ppo_loss(
+            data["old_log_probs"],
+            logp,
+            data["advantages"],
+            data["response_mask"].bool(),
+            config=_config(plugin.POLICY_LOSS),
+            rollout_is_weights=torch.ones_like(logp),
+        )
+
+
+def test_sampled_reverse_kl_gradient_is_the_score_function_estimate():
+    flat, logp, data = _verl_batch(ROWS)
+    teacher = logp - 0.5 * torch.rand_like(logp)
+    per_sequence = [torch.cat([torch.zeros(p - 1), teacher[i, :r], torch.zeros(1)]) for i, (r, p) in enumerate(ROWS)]
+    data["teacher_logprobs"] = torch.nested.as_nested_tensor(
+        [x.unsqueeze(-1) for x in per_sequence], layout=torch.jagged
+    )  # verl's layout: one [sequence, 1] row per sample
+    flat = flat.clone().requires_grad_()
+    per_token, metrics = plugin.sampled_reverse_kl(None, None, {"log_probs": flat}, data)
+    mask = data["response_mask"].bool()
+    (per_token * mask).sum().backward()
+    student = torch.where(mask, logp, torch.zeros_like(logp))
+    expected = torch.where(mask, student - teacher, torch.zeros_like(logp))  # d/ds of sg[s - t] * s
+    got = torch.zeros_like(logp)
+    pieces = flat.grad.split([r + p for r, p in ROWS])
+    for i, (r, p) in enumerate(ROWS):
+        got[i, :r] = pieces[i][p - 1 : p - 1 + r]
+    torch.testing.assert_close(got, expected)
+    assert metrics["distillation/sampled_reverse_kl"] == pytest.approx(
+        float((student - teacher)[mask].mul(student[mask]).mean())
+    )
+
+
+# --------------------------------------------------------------------------- parquet export
+@pytest.fixture(scope="module")
+def small_job():
+    from methods.core.config import resolve_job
+
+    cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    cfg["profile"] = "small"
+    return resolve_job(cfg, "code", "grpo")
+
+
+def test_export_reads_back_through_verl_dataset(small_job, tmp_path):
+    from omegaconf import OmegaConf
+    from transformers import AutoTokenizer
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    from methods.core.rollout import initial_prompt_ids
+    from methods.core.tokenizer import ChatEncoder
+    from methods.verl_backend.export import AGENT_NAME, export_job, task_of_row
+    from tasks.base import get_domain
+
+    paths = export_job(small_job, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["test.parquet", "train.parquet"]  # no .partial left
+    tok = AutoTokenizer.from_pretrained(ROOT / "results" / "base" / "small" / "code" / "model")
+    conf = OmegaConf.create({"max_prompt_length": 1024, "filter_overlong_prompts": True, "cache_dir": str(tmp_path)})
+    domain = get_domain("code", seed=small_job["task_seed"], **small_job["domain_options"])
+    encoder = ChatEncoder(tok)
+    cache = {}
+    for split, n in (("train", len(domain.tasks("train"))), ("test", small_job["train"]["eval_episodes"])):
+        ds = RLHFDataset(data_files=[str(paths[split])], tokenizer=tok, config=conf)
+        assert len(ds) == n  # no prompt filtered out as too long
+        tasks = domain.tasks(split, n)
+        for i in (0, n // 2, n - 1):
+            row = ds[i]
+            assert row["agent_name"] == AGENT_NAME and row["index"] == i
+            ids = tok.apply_chat_template(row["raw_prompt"], add_generation_prompt=True, tokenize=True)
+            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+            assert list(ids) == initial_prompt_ids(encoder, domain, tasks[i], None)  # verl's prompt is the suite's
+            d, task = task_of_row(row["extra_info"], cache)
+            assert task == tasks[i] and task.payload == tasks[i].payload
+    domain.close()
+
+
+def test_export_of_a_heldout_benchmark_and_a_stale_row(small_job, tmp_path):
+    import pandas as pd
+
+    from methods.verl_backend.export import export_job, task_of_row
+
+    job = dict(
+        small_job, heldout_domain="humaneval", train=dict(small_job["train"], eval_episodes=5, curve_eval_episodes=None)
+    )
+    paths = export_job(job, tmp_path)
+    test = pd.read_parquet(paths["test"])
+    assert list(test["ability"]) == ["humaneval"] * 5
+    info = dict(test["extra_info"][0])
+    assert task_of_row(info)[1].task_id == "HumanEval/0"
+    with pytest.raises(ValueError, match="export the tasks again"):
+        task_of_row(dict(info, domain_version="0"))
+    with pytest.raises(KeyError, match="no test task"):
+        task_of_row(dict(info, task_id="HumanEval/9999"))

@@ -24,15 +24,20 @@ def _pins(lines) -> dict[str, str]:
     return out
 
 
-def _third_party_imports() -> set[str]:
+#: code that runs inside verl's own environment (envs/verl.yaml), not the rules' (envs/suite.yaml)
+VERL_BACKEND = ROOT / "methods" / "verl_backend"
+
+
+def _third_party_imports(files=None) -> set[str]:
     names = set()
-    for pkg in PACKAGES:
-        for f in (ROOT / pkg).rglob("*.py"):
-            for node in ast.walk(ast.parse(f.read_text())):
-                if isinstance(node, ast.Import):
-                    names |= {a.name.split(".")[0] for a in node.names}
-                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                    names.add(node.module.split(".")[0])
+    if files is None:
+        files = [f for pkg in PACKAGES for f in (ROOT / pkg).rglob("*.py") if VERL_BACKEND not in f.parents]
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Import):
+                names |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
     return {n for n in names if n not in sys.stdlib_module_names and n not in PACKAGES}
 
 
@@ -56,3 +61,14 @@ def test_suite_env_has_every_import_at_pyproject_pins():
         assert owners & (set(conda_env) | no_deps), (
             f"{name} is imported by the package but no distribution of it is in envs/suite.yaml"
         )
+
+
+def test_verl_env_has_the_verl_backends_imports():
+    env = yaml.safe_load((ROOT / "envs" / "verl.yaml").read_text())
+    pip = _pins(next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d))
+    assert pip["verl"] == "0.9.1"
+    assert tuple(int(x) for x in pip["transformers"].split(".")[:2]) < (5, 11)  # verl 0.9.1 requires transformers<5.11
+    dists = packages_distributions()
+    for name in sorted(_third_party_imports(list(VERL_BACKEND.rglob("*.py")))):
+        owners = {d.lower().replace("_", "-") for d in dists.get(name, [])}
+        assert owners & {k.lower() for k in pip}, f"{name} is imported by the verl backend but not in envs/verl.yaml"

@@ -35,6 +35,9 @@ def test_plugin_is_verl_entry_point_and_registered():
 
     assert d.get_distillation_loss_fn(plugin.DISTILLATION_LOSS) is plugin.sampled_reverse_kl
     assert d.get_distillation_loss_settings(plugin.DISTILLATION_LOSS).use_estimator
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
+    assert "lopd_bench_episode" in _agent_loop_registry  # the plugin brings the agent loop along
     plugin.register()  # idempotent
 
 
@@ -269,3 +272,110 @@ def test_export_of_a_heldout_benchmark_and_a_stale_row(small_job, tmp_path):
         task_of_row(dict(info, domain_version="0"))
     with pytest.raises(KeyError, match="no test task"):
         task_of_row(dict(info, task_id="HumanEval/9999"))
+
+
+# --------------------------------------------------------------------------- agent loop
+class _ScriptedServer:
+    """A stand-in for verl's generation server: returns the scripted actions in turn."""
+
+    def __init__(self, actions, log_probs=True):
+        self.actions, self.log_probs, self.calls = list(actions), log_probs, []
+
+    async def generate(self, request_id, prompt_ids, sampling_params, **_):
+        from verl.workers.rollout.replica import TokenOutput
+
+        self.calls.append((list(prompt_ids), dict(sampling_params)))
+        ids = self.actions.pop(0)
+        return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids) if self.log_probs else None)
+
+
+def _domain_and_encoder(name):
+    from transformers import AutoTokenizer
+
+    from methods.core.config import resolve_job
+    from methods.core.tokenizer import ChatEncoder
+    from tasks.base import get_domain
+
+    cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    job = resolve_job(dict(cfg, profile="small"), name, "grpo")
+    tok = AutoTokenizer.from_pretrained(ROOT / "results" / "base" / "small" / name / "model")
+    return job, get_domain(name, seed=job["task_seed"], **job["domain_options"]), ChatEncoder(tok), tok
+
+
+def _expert_actions(encoder, expert):
+    return [encoder.encode(t.action) + [encoder.eos_id] for t in expert.turns]
+
+
+@pytest.mark.parametrize("name", ["tooluse", "code"])
+def test_agent_loop_plays_the_expert_in_the_suites_token_layout(name):
+    import asyncio
+
+    from methods.core.rollout import trajectory_ids
+    from methods.verl_backend.agent_loop import play_episode
+
+    _, domain, encoder, _ = _domain_and_encoder(name)
+    task = next(t for t in domain.tasks("train", 50) if len(domain.expert_trajectory(t).turns) >= 2 or name == "code")
+    expert = domain.expert_trajectory(task)
+    server = _ScriptedServer(_expert_actions(encoder, expert))
+    out = asyncio.run(play_episode(server.generate, encoder, domain, task, {"temperature": 1.0}, 4096))
+    ids, mask = trajectory_ids(encoder, domain, task, None, expert.turns)
+    assert out.prompt_ids + out.response_ids == ids  # the suite's own layout of the same trajectory
+    assert [0] * len(out.prompt_ids) + out.response_mask == mask  # observations are not agent tokens
+    assert out.reward_score == 1.0 and out.extra_fields["turns"] == len(expert.turns)
+    assert (0 in out.response_mask) == (name == "tooluse")  # tool use: several turns, observations between
+    assert not out.extra_fields["truncated"] and not server.actions
+    assert len(out.response_logprobs) == len(out.response_ids)
+    assert [c[0] for c in server.calls] == [
+        ids[: len(out.prompt_ids) + k]
+        for k, m in enumerate(out.response_mask)
+        if m and (k == 0 or not out.response_mask[k - 1])
+    ]  # each turn is generated from everything before it
+    domain.close()
+
+
+def test_agent_loop_wrong_answer_truncation_and_missing_logprobs():
+    import asyncio
+
+    from methods.verl_backend.agent_loop import play_episode
+
+    _, domain, encoder, _ = _domain_and_encoder("tooluse")
+    task = domain.tasks("train", 1)[0]
+    wrong = encoder.encode("not a call") + [encoder.eos_id]
+    out = asyncio.run(
+        play_episode(
+            _ScriptedServer([wrong] * task.max_turns, log_probs=False).generate, encoder, domain, task, {}, 4096
+        )
+    )
+    assert out.reward_score < 1.0 and out.extra_fields["feedback"]
+    assert out.response_logprobs is None
+    assert out.extra_fields["turns"] <= task.max_turns
+    server = _ScriptedServer([wrong * 20] * task.max_turns)
+    out = asyncio.run(play_episode(server.generate, encoder, domain, task, {"max_tokens": 500}, 64))
+    assert len(out.response_ids) <= 64 and len(out.response_mask) == len(out.response_ids)
+    assert out.extra_fields["truncated"] or out.extra_fields["turns"] == 1
+    assert all(c[1]["max_tokens"] <= 64 for c in server.calls)  # never asks for more than the room left
+    domain.close()
+
+
+def test_agent_loop_runs_an_exported_row_through_verls_interface(tmp_path):
+    import asyncio
+
+    from omegaconf import OmegaConf
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, _agent_loop_registry
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    from methods.verl_backend.agent_loop import EpisodeAgentLoop
+    from methods.verl_backend.export import AGENT_NAME, export_job, task_of_row
+
+    job, domain, encoder, tok = _domain_and_encoder("tooluse")
+    assert _agent_loop_registry[AGENT_NAME]["_target_"] == "methods.verl_backend.agent_loop.EpisodeAgentLoop"
+    paths = export_job(dict(job, train=dict(job["train"], eval_episodes=4, curve_eval_episodes=None)), tmp_path)
+    conf = OmegaConf.create({"max_prompt_length": 1024, "cache_dir": str(tmp_path)})
+    row = RLHFDataset(data_files=[str(paths["test"])], tokenizer=tok, config=conf)[2]
+    _, task = task_of_row(row["extra_info"])
+    server = _ScriptedServer(_expert_actions(encoder, domain.expert_trajectory(task)))
+    trainer = OmegaConf.create({"actor_rollout_ref": {"rollout": {"prompt_length": 1024, "response_length": 2048}}})
+    loop = EpisodeAgentLoop(DictConfigWrap(trainer), server, tok, None, RLHFDataset, DictConfigWrap(conf))
+    out = asyncio.run(loop.run({"temperature": 1.0}, **row))
+    assert out.reward_score == 1.0 and out.extra_fields["task_id"] == task.task_id
+    domain.close()

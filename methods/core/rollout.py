@@ -515,14 +515,7 @@ def _run_chunk(model, encoder, domain, tasks, contexts, cfg, generator) -> list[
             if over:
                 truncated[i] = True
                 continue
-            # a turn cut at max_new_tokens is closed as the chat format requires (not an agent token)
-            close = [] if ids[i][-1] == encoder.eos_id else [encoder.eos_id]
-            nxt = (
-                close
-                + encoder.after_assistant()
-                + encoder.message("tool", res.observation or "")
-                + encoder.header("assistant")
-            )
+            nxt = turn_break_ids(encoder, res.observation, close=ids[i][-1] != encoder.eos_id)
             if len(ids[i]) + len(nxt) >= cfg.max_seq_len:
                 truncated[i] = True
                 continue
@@ -551,6 +544,18 @@ def _run_chunk(model, encoder, domain, tasks, contexts, cfg, generator) -> list[
     ]
 
 
+def turn_break_ids(encoder: ChatEncoder, observation: str | None, close: bool = False) -> list[int]:
+    """Ids between an assistant turn and the next (none of them agent tokens): ``<|im_end|>`` when
+    ``close`` (a turn cut at max_new_tokens is closed as the chat format requires), the end of the
+    assistant message, the environment's observation as a ``tool`` message, the assistant header."""
+    return (
+        ([encoder.eos_id] if close else [])
+        + encoder.after_assistant()
+        + encoder.message("tool", observation or "")
+        + encoder.header("assistant")
+    )
+
+
 def initial_prompt_ids(encoder: ChatEncoder, domain: TaskDomain, task: Task, context: str | None) -> list[int]:
     """Ids of the episode's opening messages plus the assistant header (what rollouts start from)."""
     return _initial_ids(encoder, domain, task, context)
@@ -569,11 +574,7 @@ def trajectory_ids(
         ids += act
         mask += [0 if k in masked_turns else 1] * len(act)
         if k + 1 < len(turns):
-            nxt = (
-                encoder.after_assistant()
-                + encoder.message("tool", turn.observation or "")
-                + encoder.header("assistant")
-            )
+            nxt = turn_break_ids(encoder, turn.observation)
             ids += nxt
             mask += [0] * len(nxt)
     return ids, mask

@@ -159,3 +159,6 @@ def register() -> None:
 
 
 register()
+
+# the agent loop registers itself (``lopd_bench_episode``) in the process that plays the episodes
+from methods.verl_backend import agent_loop  # noqa: E402, F401

@@ -1,0 +1,115 @@
+"""The suite's episodes as a verl agent loop (``agent_name: lopd_bench_episode``, the exported rows').
+
+verl's ``AgentLoopWorker`` instantiates the loop registered under a row's ``agent_name`` and calls
+``run`` with the row's fields.  :class:`EpisodeAgentLoop` rebuilds the suite task the row names
+(:func:`methods.verl_backend.export.task_of_row`), then plays the suite's own ``Episode`` against
+verl's generation server, turn by turn, in exactly the token layout of the suite's rollout engine
+(:func:`methods.core.rollout.run_episodes`): the prompt of
+:func:`~methods.core.rollout.initial_prompt_ids`, each action the model's tokens through
+``<|im_end|>``, and between turns :func:`~methods.core.rollout.turn_break_ids` (the environment's
+observation as a ``tool`` message), which are not the agent's tokens (``response_mask`` 0).  The
+episode's reward is the trajectory's ``reward_score``; its feedback and turn count travel in
+``extra_fields``.
+
+An episode ends when the environment says so, after the task's ``max_turns`` assistant turns, or
+when the response would outgrow ``rollout.response_length`` (then it is cut, as the suite's engine
+cuts at ``max_seq_len``, and scored as it stands).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+from uuid import uuid4
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+
+from methods.core.rollout import initial_prompt_ids, turn_break_ids
+from methods.core.tokenizer import ChatEncoder
+from tasks.base import Task, TaskDomain
+
+from .export import AGENT_NAME, task_of_row
+
+__all__ = ["EpisodeAgentLoop", "play_episode"]
+
+
+async def play_episode(
+    generate,
+    encoder: ChatEncoder,
+    domain: TaskDomain,
+    task: Task,
+    sampling_params: dict[str, Any],
+    response_length: int,
+    request_id: str | None = None,
+) -> AgentLoopOutput:
+    """Play one episode of ``task`` with ``generate`` (verl's ``server_manager.generate``: prompt ids
+    in, a ``TokenOutput`` with ``token_ids`` and optionally ``log_probs`` out)."""
+    prompt_ids = initial_prompt_ids(encoder, domain, task, None)
+    episode = domain.reset(task)
+    response: list[int] = []
+    mask: list[int] = []
+    logprobs: list[float] | None = []  # None once a turn comes without them
+    timing = {"generate_sequences": 0.0, "tool_calls": 0.0}
+    truncated = False
+    request_id = request_id or uuid4().hex
+    while not episode.done:
+        room = response_length - len(response)
+        if room <= 0:
+            truncated = True
+            break
+        params = dict(sampling_params, max_tokens=min(sampling_params.get("max_tokens", room), room))
+        t0 = time.perf_counter()
+        out = await generate(request_id=request_id, prompt_ids=prompt_ids + response, sampling_params=params)
+        timing["generate_sequences"] += time.perf_counter() - t0
+        action = list(out.token_ids)[:room]
+        response += action
+        mask += [1] * len(action)
+        if logprobs is not None and out.log_probs is not None:
+            logprobs += list(out.log_probs)[: len(action)]
+        else:
+            logprobs = None
+        t0 = time.perf_counter()
+        result = domain.step_batch([episode], [encoder.decode(action)])[0]
+        timing["tool_calls"] += time.perf_counter() - t0
+        if result.done or episode.done:
+            break
+        closing = turn_break_ids(encoder, result.observation, close=not action or action[-1] != encoder.eos_id)
+        if len(episode.turns) >= task.max_turns or len(response) + len(closing) >= response_length:
+            truncated = True
+            break
+        response += closing
+        mask += [0] * len(closing)
+        if logprobs is not None:
+            logprobs += [0.0] * len(closing)
+    return AgentLoopOutput(
+        prompt_ids=prompt_ids,
+        response_ids=response,
+        response_mask=mask,
+        response_logprobs=logprobs,
+        reward_score=float(episode.reward()),
+        num_turns=1 + 2 * len(episode.turns),  # the user's, then each assistant turn and its observation
+        metrics=AgentLoopMetrics(**timing),
+        extra_fields={
+            "feedback": episode.feedback(),
+            "turns": len(episode.turns),
+            "truncated": truncated,
+            "task_id": task.task_id,
+        },
+    )
+
+
+@register(AGENT_NAME)
+class EpisodeAgentLoop(AgentLoopBase):
+    """Plays a row of the exported parquet files as the suite's episode (module docstring)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.response_length = self.rollout_config.response_length
+        self.encoder = ChatEncoder(self.tokenizer)
+        self._domains: dict = {}  # built domains and task indexes, shared by this worker's episodes
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
+        domain, task = task_of_row(kwargs["extra_info"], self._domains)
+        return await play_episode(
+            self.server_manager.generate, self.encoder, domain, task, sampling_params, self.response_length
+        )

@@ -10,6 +10,7 @@
     python -m methods.cli ship-base    --job JSON --seed S --warmstart DIR --out DIR
     python -m methods.cli check-base   --job JSON --seed S --warmstart DIR --shipped DIR --out FILE.json
     python -m methods.cli export-verl  --job JSON --out DIR
+    python -m methods.cli verl-run-files --job JSON --method M --seed S --verl-log FILE --val-dir DIR --rollouts-per-step N --out DIR
 
 ``--job`` is the resolved job settings (see :func:`methods.core.config.resolve_job`)
 as a JSON string or ``@file.json``; the rules pass it so that every result
@@ -689,6 +690,17 @@ def cmd_export_verl(args) -> None:
         print(f"[export-verl] {split}: {path}", file=sys.stderr)
 
 
+def cmd_verl_run_files(args) -> None:
+    from methods.verl_backend.metrics import write_run_files
+
+    summary = write_run_files(
+        _job(args.job), args.method, args.seed, args.verl_log, args.val_dir, args.rollouts_per_step, args.out
+    )
+    print(
+        f"[verl-run-files] {args.out}: final heldout_reward {summary['final']['heldout_reward']:.3f}", file=sys.stderr
+    )
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(
         prog="python -m methods.cli", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -828,6 +840,18 @@ def main(argv=None) -> None:
     ev.add_argument("--job", required=True, help="resolved job settings: a JSON string or @path.json")
     ev.add_argument("--out", required=True, help="output directory")
     ev.set_defaults(fn=cmd_export_verl, threads=1)
+    vr = sub.add_parser(
+        "verl-run-files",
+        help="a finished verl run (its file log and validation dumps) as the suite's metrics.jsonl and summary.json",
+    )
+    vr.add_argument("--job", required=True, help="resolved job settings: a JSON string or @path.json")
+    vr.add_argument("--method", required=True, help="the method the run trained")
+    vr.add_argument("--seed", type=int, required=True, help="the run's seed")
+    vr.add_argument("--verl-log", required=True, help="verl's file-logger JSONL (VERL_FILE_LOGGER_PATH)")
+    vr.add_argument("--val-dir", required=True, help="verl's trainer.validation_data_dir (<step>.jsonl dumps)")
+    vr.add_argument("--rollouts-per-step", type=int, required=True, help="data.train_batch_size x rollout.n")
+    vr.add_argument("--out", required=True, help="the run directory to write")
+    vr.set_defaults(fn=cmd_verl_run_files, threads=1)
     args = p.parse_args(argv)
     torch.set_num_threads(max(1, args.threads))
     if getattr(args, "device", None) == "auto":

@@ -3,6 +3,7 @@ parquet export read back through verl's RL dataset (verl 0.9.1, installed --no-d
 
 from __future__ import annotations
 
+import json
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -379,3 +380,83 @@ def test_agent_loop_runs_an_exported_row_through_verls_interface(tmp_path):
     out = asyncio.run(loop.run({"temperature": 1.0}, **row))
     assert out.reward_score == 1.0 and out.extra_fields["task_id"] == task.task_id
     domain.close()
+
+
+# --------------------------------------------------------------------------- metrics adapter
+def _fake_verl_run(tmp_path, steps, rollouts_per_step, val_steps, n_val=8, seed=0):
+    """The two records a verl run leaves: its file logger's lines (written by verl's own FileLogger)
+    and its validation dumps (``<step>.jsonl``, the lines of ``RayPPOTrainer._write_generations``)."""
+    import os
+
+    from verl.utils.tracking import FileLogger
+
+    rng = np.random.default_rng(seed)
+    log = tmp_path / "verl.jsonl"
+    os.environ["VERL_FILE_LOGGER_PATH"] = str(log)
+    try:
+        logger = FileLogger("p", "e")
+        for step in range(1, steps + 1):
+            logger.log(
+                {
+                    "critic/score/mean": float(rng.random()),
+                    "actor/pg_loss": float(rng.normal()),
+                    "actor/grad_norm": 0.5,
+                    "response_length/mean": 40.0,
+                    "timing_s/step": 2.0,
+                },
+                step,
+            )
+            if step in val_steps:
+                logger.log({"val-core/lopd_bench/code/reward/mean@1": 0.5}, step)
+        logger.finish()
+    finally:
+        del os.environ["VERL_FILE_LOGGER_PATH"]
+    val = tmp_path / "val"
+    val.mkdir()
+    scores = {}
+    for step in [0, *val_steps]:
+        scores[step] = [float(x) for x in rng.integers(0, 2, n_val)]
+        (val / f"{step}.jsonl").write_text(
+            "".join(
+                json.dumps({"input": "p", "output": "o", "gts": "g", "score": s, "step": step}) + "\n"
+                for s in scores[step]
+            )
+        )
+    return log, val, scores
+
+
+def test_metrics_adapter_writes_run_files_that_analysis_reads(small_job, tmp_path):
+    from analysis.runs import check_comparable, eval_points, final_rows
+    from methods.core.evaluate import mean_se
+    from methods.verl_backend.metrics import write_run_files
+
+    job = dict(small_job, train=dict(small_job["train"], rollout_budget=64))
+    log, val, scores = _fake_verl_run(tmp_path, steps=4, rollouts_per_step=16, val_steps=[2, 4])
+    out = tmp_path / "run"
+    summary = write_run_files(job, "grpo", 0, log, val, 16, out)
+    assert summary["ledger"]["rollouts"] == summary["ledger"]["rollout_budget"] == 64
+    assert summary["final"]["heldout_reward"] == pytest.approx(mean_se(scores[4])[0])
+    assert summary["final"]["heldout_reward_se"] == pytest.approx(mean_se(scores[4])[1])
+    rows = final_rows([], [str(out / "summary.json")])
+    check_comparable(rows)
+    points = eval_points([str(out / "summary.json")])
+    assert list(points["rollouts"]) == [0, 32, 64]
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs if r["kind"] == "train"] == [1, 2, 3, 4]
+    assert recs[-1]["kind"] == "train" and recs[-1]["wall_s"] == 8.0
+
+
+def test_metrics_adapter_refuses_a_run_short_of_its_budget(small_job, tmp_path):
+    from methods.verl_backend.metrics import write_run_files
+
+    job = dict(small_job, train=dict(small_job["train"], rollout_budget=64))
+    log, val, _ = _fake_verl_run(tmp_path, steps=3, rollouts_per_step=16, val_steps=[2])
+    with pytest.raises(ValueError, match="not at its budget 64"):
+        write_run_files(job, "grpo", 0, log, val, 16, tmp_path / "run")
+    assert not (tmp_path / "run" / "summary.json").exists()
+    (val / "4.jsonl").write_text('{"score": 1.0}\n')
+    with pytest.raises(ValueError, match="logged 48 rollouts of its budget 64"):
+        write_run_files(job, "grpo", 0, log, val, 16, tmp_path / "run")
+    (val / "5.jsonl").write_text("{not json\n")
+    with pytest.raises(ValueError, match="5.jsonl:1: not a JSON line"):
+        write_run_files(job, "grpo", 0, log, val, 16, tmp_path / "run")

@@ -10,6 +10,7 @@
     python -m methods.cli ship-base    --job JSON --seed S --warmstart DIR --out DIR
     python -m methods.cli check-base   --job JSON --seed S --warmstart DIR --shipped DIR --out FILE.json
     python -m methods.cli export-verl  --job JSON --out DIR
+    python -m methods.cli verl-config  --job JSON --seed S --model DIR --data DIR --run DIR --out FILE.yaml
     python -m methods.cli verl-run-files --job JSON --method M --seed S --verl-log FILE --val-dir DIR --rollouts-per-step N --out DIR
 
 ``--job`` is the resolved job settings (see :func:`methods.core.config.resolve_job`)
@@ -690,6 +691,26 @@ def cmd_export_verl(args) -> None:
         print(f"[export-verl] {split}: {path}", file=sys.stderr)
 
 
+def cmd_verl_config(args) -> None:
+    from omegaconf import OmegaConf
+
+    from methods.core.provenance import write_text_atomic
+    from methods.verl_backend.launch import main_ppo_config, validate
+
+    cfg = main_ppo_config(
+        _job(args.job),
+        args.seed,
+        model_path=args.model,
+        data_dir=args.data,
+        run_dir=args.run,
+        n_gpus_per_node=args.gpus,
+        nnodes=args.nodes,
+    )
+    validate(cfg)
+    write_text_atomic(Path(args.out), OmegaConf.to_yaml(cfg))
+    print(f"[verl-config] {args.out}", file=sys.stderr)
+
+
 def cmd_verl_run_files(args) -> None:
     from methods.verl_backend.metrics import write_run_files
 
@@ -852,6 +873,19 @@ def main(argv=None) -> None:
     vr.add_argument("--rollouts-per-step", type=int, required=True, help="data.train_batch_size x rollout.n")
     vr.add_argument("--out", required=True, help="the run directory to write")
     vr.set_defaults(fn=cmd_verl_run_files, threads=1)
+    vc = sub.add_parser(
+        "verl-config",
+        help="verl's main_ppo config for a job (composed from verl's ppo_trainer.yaml, checked by verl's validation)",
+    )
+    vc.add_argument("--job", required=True, help="resolved job settings: a JSON string or @path.json")
+    vc.add_argument("--seed", type=int, required=True, help="the run's seed")
+    vc.add_argument("--model", required=True, help="the policy's save_pretrained directory")
+    vc.add_argument("--data", required=True, help="export-verl's directory (train.parquet, test.parquet)")
+    vc.add_argument("--run", required=True, help="the verl run's directory (log, validation dumps, checkpoints)")
+    vc.add_argument("--gpus", type=int, default=1, help="GPUs per node")
+    vc.add_argument("--nodes", type=int, default=1, help="nodes")
+    vc.add_argument("--out", required=True, help="the config YAML to write")
+    vc.set_defaults(fn=cmd_verl_config, threads=1)
     args = p.parse_args(argv)
     torch.set_num_threads(max(1, args.threads))
     if getattr(args, "device", None) == "auto":

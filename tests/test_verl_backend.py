@@ -460,3 +460,38 @@ def test_metrics_adapter_refuses_a_run_short_of_its_budget(small_job, tmp_path):
     (val / "5.jsonl").write_text("{not json\n")
     with pytest.raises(ValueError, match="5.jsonl:1: not a JSON line"):
         write_run_files(job, "grpo", 0, log, val, 16, tmp_path / "run")
+
+
+# --------------------------------------------------------------------------- main_ppo config
+def test_main_ppo_config_matches_the_job_and_passes_verls_validation(small_job, tmp_path):
+    from methods.verl_backend.launch import main_ppo_config, validate
+
+    cfg = main_ppo_config(small_job, 3, model_path="m", data_dir=tmp_path / "data", run_dir=tmp_path / "run")
+    validate(cfg)  # verl's own check (raises on an inconsistent config)
+    train, mc = small_job["train"], small_job["method_config"]
+    n = cfg.actor_rollout_ref.rollout.n
+    assert n == mc["group_size"] and cfg.data.train_batch_size * n == train["rollouts_per_step"]
+    assert cfg.trainer.total_training_steps * train["rollouts_per_step"] == train["rollout_budget"]  # the budget
+    assert cfg.trainer.test_freq * train["rollouts_per_step"] == train["eval_every"] and cfg.trainer.val_before_train
+    assert cfg.algorithm.adv_estimator == plugin.ADV_ESTIMATOR
+    assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == plugin.POLICY_LOSS
+    assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size * n == train["minibatch_rollouts"]
+    assert cfg.data.train_files == str(tmp_path / "data" / "train.parquet") and cfg.data.seed == 3
+    assert "file" in cfg.trainer.logger and cfg.trainer.validation_data_dir == str(tmp_path / "run" / "val")
+    assert cfg.data.max_prompt_length + cfg.data.max_response_length == train["max_seq_len"]
+    cfg.actor_rollout_ref.actor.ppo_mini_batch_size = cfg.data.train_batch_size * 2
+    with pytest.raises(ValueError, match="ppo_mini_batch_size"):
+        validate(cfg)  # the validation can fail
+
+
+def test_main_ppo_config_refuses_what_verl_cannot_run_yet(small_job, tmp_path):
+    from methods.verl_backend.launch import main_ppo_config
+
+    kw = {"model_path": "m", "data_dir": tmp_path, "run_dir": tmp_path}
+    with pytest.raises(ValueError, match="has no verl path yet"):
+        main_ppo_config(dict(small_job, method="opsd"), 0, **kw)
+    odd = dict(
+        small_job, train=dict(small_job["train"], rollout_budget=small_job["train"]["rollouts_per_step"] * 3 + 1)
+    )
+    with pytest.raises(ValueError, match="must be a multiple of train.rollouts_per_step"):
+        main_ppo_config(odd, 0, **kw)

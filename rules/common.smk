@@ -17,6 +17,8 @@ METHODS = profile_methods(config)  # Table 1's methods: the profile's selection,
 ABLATIONS = list(config.get("ablations") or {})
 ABLATION_DOMAINS = list(config.get("ablation_domains") or DOMAINS)
 OUT = f"results/{PROFILE}"  # every output of this profile
+BACKEND = profile_section(config).get("backend", "suite")  # who trains the runs: the suite's loop, or verl (rules/verl.smk)
+BACKEND_OPTIONS = profile_section(config).get("backend_options") or {}
 HEADLINE = config.get("headline_profile", PROFILE)  # the profile results/table1.* and results/report.md show
 
 

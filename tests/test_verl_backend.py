@@ -495,3 +495,39 @@ def test_main_ppo_config_refuses_what_verl_cannot_run_yet(small_job, tmp_path):
     )
     with pytest.raises(ValueError, match="must be a multiple of train.rollouts_per_step"):
         main_ppo_config(odd, 0, **kw)
+
+
+# --------------------------------------------------------------------------- backend: verl profiles
+def _suite_config():
+    return yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+
+
+def test_verl_profile_jobs_carry_the_backend_and_refuse_methods_without_a_verl_path():
+    from methods.core.config import resolve_job, validate
+
+    cfg = dict(_suite_config(), profile="real-verl")
+    validate(cfg)
+    job = resolve_job(cfg, "code", "grpo")
+    assert job["backend"] == "verl" and job["backend_options"]["gpus"] == 1
+    assert "backend" not in resolve_job(dict(cfg, profile="small"), "code", "grpo")  # other profiles' jobs unchanged
+    cfg["profiles"]["real-verl"]["methods"] = ["grpo", "opsd"]
+    with pytest.raises(ValueError, match=r"backend verl runs \['grpo'\] so far, not \['opsd'\]"):
+        validate(cfg)
+
+
+@pytest.mark.slow
+def test_verl_profile_dry_run_trains_with_verl():
+    import re
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "results/real-verl/table1.csv", "--config", "profile=real-verl"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    rules = set(re.findall(r"^rule (\w+):", out.stdout + out.stderr, re.MULTILINE))
+    assert {"verl_data", "verl_train", "table1"} <= rules and "train" not in rules, sorted(rules)

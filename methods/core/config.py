@@ -83,6 +83,9 @@ def resolve_job(config: dict[str, Any], domain: str, method: str | None = None) 
         "train": asdict(make_config(TrainConfig, prof.get("train"), "train")),
     }
     heldout = (prof.get("heldout_domains") or {}).get(domain)
+    if prof.get("backend", "suite") != "suite":  # who trains the runs (docs/verl.md); absent: the suite's loop
+        out["backend"] = prof["backend"]
+        out["backend_options"] = dict(prof.get("backend_options") or {})
     if heldout:  # evaluated on a benchmark instead of the domain's own test split
         if heldout not in known_domains():
             raise unknown_name("task", heldout, known_domains())
@@ -216,7 +219,20 @@ def validate(config: dict[str, Any]) -> None:
         extra = [x for x in prof.get(key) or [] if x not in known]
         if extra:
             raise ValueError(f"profiles.{prof_name}.{key}: {extra} are not among the configured {key} {known}")
-    for d in (prof.get("heldout_domains") or {}):
+    if prof.get("backend", "suite") == "verl":
+        from methods.verl_backend import SUPPORTED_METHODS
+
+        missing = [
+            m
+            for m in profile_methods(config)
+            if (run_entries(config)[m][1] or {}).get("method", m) not in SUPPORTED_METHODS
+        ]
+        if missing:
+            raise ValueError(
+                f"profiles.{prof_name}: backend verl runs {list(SUPPORTED_METHODS)} so far, not {missing} "
+                "(select methods: with the profile's methods:, see docs/verl.md)"
+            )
+    for d in prof.get("heldout_domains") or {}:
         if d not in profile_domains(config):
             raise ValueError(f"profiles.{prof_name}.heldout_domains: {d!r} is not a domain of this profile")
     for d in config.get("domains", []):

@@ -10,3 +10,6 @@ What exists so far (``docs/verl.md`` tracks the rest):
 
 Nothing here imports verl at package import: ``methods.verl_backend.export`` runs without it.
 """
+
+#: methods with a verl path (a ``backend: verl`` profile accepts only these; ``docs/verl.md``)
+SUPPORTED_METHODS = ("grpo",)

@@ -18,9 +18,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["SUPPORTED_METHODS", "main_ppo_config", "validate", "rollouts_per_step"]
+from methods.verl_backend import SUPPORTED_METHODS
 
-SUPPORTED_METHODS = ("grpo",)
+__all__ = ["SUPPORTED_METHODS", "main_ppo_config", "validate", "rollouts_per_step"]
 
 
 def rollouts_per_step(job: dict) -> int:
@@ -70,7 +70,7 @@ def main_ppo_config(
         raise ValueError(
             f"train.rollouts_per_step and train.minibatch_rollouts must be multiples of group_size {group}"
         )
-    prompt_len = int(job.get("verl", {}).get("max_prompt_length", min(1024, train["max_seq_len"] // 2)))
+    prompt_len = int((job.get("backend_options") or {}).get("max_prompt_length", min(1024, train["max_seq_len"] // 2)))
     data_dir, run_dir = Path(data_dir), Path(run_dir)
     overrides = {
         "data.train_files": str(data_dir / "train.parquet"),

@@ -70,6 +70,10 @@ class HumanEvalEpisode(CodeEpisode):
         source = program(p["prompt"], p["entry_point"], action) + "\n\n" + p["test"]
         return (source + _HARNESS.format(entry_point=p["entry_point"]), "__check", [((), True)])
 
+    def reward(self) -> float:
+        """1 when the benchmark's check passes, else 0 (HumanEval has no partial credit)."""
+        return 1.0 if self._result is not None and self._result.ok else 0.0
+
     def expert_action(self) -> str:
         return f"```python\n{self.task.reference}```"
 

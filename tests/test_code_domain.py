@@ -315,3 +315,28 @@ def test_step_after_done_is_harmless(domain, train):
     ep = domain.reset(train[0])
     ep.step(train[0].reference)
     assert ep.step("garbage").done and ep.reward() == 1.0 and len(ep.turns) == 1
+
+
+def test_test_fraction_reward_is_the_share_of_hidden_tests_passed():
+    import random
+
+    dense = CodeDomain(seed=0, attempts=1, reward="test_fraction")
+    assert dense.version == f"{CodeDomain.version}+test_fraction" and CodeDomain(seed=0).version == CodeDomain.version
+    task = dense.tasks("train", 1)[0]
+    naive = dense.reset(task)
+    naive.step("def f(*args):\n    return 12345\n")
+    info = naive.info()
+    assert 0 <= naive.reward() == info["passed"] / info["total"] < 1
+    partial = [dense.reset(t) for t in dense.tasks("train", 30)]
+    rewards = []
+    for ep, t in zip(partial, dense.tasks("train", 30)):
+        ep.step(dense.imperfect_trajectory(t, random.Random(0), recovery=0.0).turns[0].action)
+        rewards.append(ep.reward())
+        assert ep.reward() == ep.info()["passed"] / ep.info()["total"]
+    assert any(0 < r < 1 for r in rewards)  # convention-blind programs pass some tests, not all
+    solved = dense.reset(task)
+    solved.step(task.reference)
+    assert solved.reward() == 1.0
+    with pytest.raises(ValueError, match="reward must be one of"):
+        CodeDomain(seed=0, reward="partial")
+    dense.close()

@@ -86,7 +86,14 @@ class CodeEpisode(Episode):
         return StepResult(observation, self.done)
 
     def reward(self) -> float:
-        return 1.0 if self._result is not None and self._result.ok else 0.0
+        r = self._result
+        if r is None:
+            return 0.0
+        if r.ok:
+            return 1.0
+        if self._domain.reward_mode == "test_fraction":  # the share of hidden tests the last program passed
+            return r.passed / r.total if r.total else 0.0
+        return 0.0
 
     def feedback(self) -> str:
         if self._result is None:
@@ -137,11 +144,19 @@ class SandboxJudged:
             self._own_sandbox = None
 
 
+#: the code domain's ``reward`` option (CodeDomain's docstring)
+REWARD_MODES = ("all_tests", "test_fraction")
+
+
 @register_domain
 class CodeDomain(SandboxJudged, TaskDomain):
     """Function synthesis with per-project hidden conventions.  Options: ``attempts``
-    (programs per episode, default 2); ``workers``, ``cpu_s``, ``wall_s``, ``mem_mb`` give
-    this domain its own sandbox pool; without them it shares the process-wide default sandbox."""
+    (programs per episode, default 2); ``reward``: ``all_tests`` (default: 1 when every hidden test
+    passes, else 0) or ``test_fraction`` (the share of hidden tests the last program passed, 1 for
+    all: a dense signal for a policy that rarely passes them all, e.g. a small pretrained model on
+    tasks whose conventions it cannot know; success is still "all passed"); ``workers``,
+    ``cpu_s``, ``wall_s``, ``mem_mb`` give this domain its own sandbox pool; without them it shares
+    the process-wide default sandbox."""
 
     name = "code"
     version = "code-v6"
@@ -152,6 +167,11 @@ class CodeDomain(SandboxJudged, TaskDomain):
         self.attempts = int(options.get("attempts", 2))
         if self.attempts < 1:
             raise ValueError(f"code domain option attempts must be >= 1, got {self.attempts}")
+        self.reward_mode = options.get("reward", "all_tests")
+        if self.reward_mode not in REWARD_MODES:
+            raise ValueError(f"code domain option reward must be one of {list(REWARD_MODES)}, got {self.reward_mode!r}")
+        if self.reward_mode != "all_tests":  # a different score: tables must not mix it with the default's
+            self.version = f"{type(self).version}+{self.reward_mode}"
         self._cache: dict[str, list[Task]] = {}
 
     def tasks(self, split: str, n: int | None = None) -> list[Task]:

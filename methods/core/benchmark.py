@@ -23,11 +23,23 @@ from .tokenizer import ChatEncoder
 __all__ = ["benchmark_eval"]
 
 
-def _play(model, encoder, domain, tasks, sampling, batch_size, seed) -> tuple[list[Rollout], float]:
+def _play(model, encoder, domain, tasks, sampling, batch_size, seed, label) -> tuple[list[Rollout], float]:
+    """The episodes of ``tasks``, ``batch_size`` at a time (as ``run_episodes`` batches them, so the
+    result is the same), with a progress line per batch."""
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     t0 = time.perf_counter()
+    rollouts: list[Rollout] = []
     with torch.no_grad():
-        rollouts = run_episodes(model, encoder, domain, tasks, None, sampling, generator=gen, batch_size=batch_size)
+        for start in range(0, len(tasks), batch_size):
+            chunk = tasks[start : start + batch_size]
+            rollouts += run_episodes(model, encoder, domain, chunk, None, sampling, generator=gen, batch_size=batch_size)
+            done, elapsed = len(rollouts), time.perf_counter() - t0
+            print(
+                f"[eval-benchmark] {label}: {done}/{len(tasks)} episodes, {elapsed:.0f} s, "
+                f"about {elapsed / done * (len(tasks) - done):.0f} s left",
+                file=sys.stderr,
+                flush=True,
+            )
     return rollouts, time.perf_counter() - t0
 
 
@@ -65,7 +77,7 @@ def benchmark_eval(
     model.eval()
     tasks = domain.tasks("test", n_tasks)
     greedy_cfg = SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens, max_seq_len=max_seq_len)
-    greedy, wall = _play(model, encoder, domain, tasks, greedy_cfg, batch_size, seed)
+    greedy, wall = _play(model, encoder, domain, tasks, greedy_cfg, batch_size, seed, f"{domain.name} greedy")
     mean, se = mean_se([r.reward for r in greedy])
     out = {
         "domain": domain.name,
@@ -89,7 +101,7 @@ def benchmark_eval(
     if samples > 0:
         cfg = SamplingConfig(temperature=temperature, max_new_tokens=max_new_tokens, max_seq_len=max_seq_len)
         repeated = [t for t in tasks for _ in range(samples)]
-        sampled, wall = _play(model, encoder, domain, repeated, cfg, batch_size, seed + 1)
+        sampled, wall = _play(model, encoder, domain, repeated, cfg, batch_size, seed + 1, f"{domain.name} sampled")
         correct = [sum(r.reward >= 1.0 for r in sampled[i * samples : (i + 1) * samples]) for i in range(len(tasks))]
         n = [samples] * len(tasks)
         out["sampled"] = {

@@ -116,7 +116,7 @@ def _config():
 def test_shipped_config_validates():
     from methods.core.config import validate
 
-    for profile in ("small", "smoke", "real-cpu"):
+    for profile in _config()["profiles"]:
         cfg = _config()
         cfg["profile"] = profile
         validate(cfg)
@@ -135,12 +135,18 @@ def test_profiles_select_domains_methods_and_heldout_benchmarks():
     job = resolve_job(cfg, "code", "grpo")
     assert job["heldout_domain"] == "humaneval" and job["model"]["checkpoint"].endswith("smollm2-135m-instruct")
     assert "heldout_domain" not in resolve_job(cfg, "tooluse", "grpo")
+    cfg["profile"] = "real"  # every method, each domain on its public benchmark
+    assert profile_methods(cfg) == list(cfg["methods"])
+    assert {d: resolve_job(cfg, d, "lopd")["heldout_domain"] for d in cfg["domains"]} == {
+        "code": "humaneval",
+        "tooluse": "bfcl_multiturn",
+    }
 
 
 @pytest.mark.parametrize(
     "mutate, message",
     [
-        (lambda c: c.update(profile="huge"), "unknown profile 'huge'.*known profiles: real-cpu, real-verl, small, smoke"),
+        (lambda c: c.update(profile="huge"), "unknown profile 'huge'.*known profiles: real, real-cpu, real-verl, small, smoke"),
         (lambda c: c["profiles"]["small"].update(domains=["kode"]), r"profiles.small.domains: \['kode'\] are not"),
         (lambda c: c["profiles"]["small"].update(methods=["rloo"]), r"profiles.small.methods: \['rloo'\] are not"),
         (

@@ -11,7 +11,13 @@ so their tokens must agree (checked; a mismatch is reported, not hidden).  The e
 includes running each answer through the sandbox (the episode's step), which ``generate`` does not
 do.  Useful FLOPs are the textbook 2 x (matmul parameters) per token through the model (prompt and
 generated); the peak is the best ``torch.mm`` timing at the same thread count
-(``benchmarks/bench_generation.py``).  Prints one JSON object.
+(``benchmarks/bench_generation.py``).
+
+``bound`` is the least time any implementation could take on this machine: the prompts' prefill
+at the matmul peak, then one read of every weight per decode step at the measured read bandwidth
+(``read_gb_per_s``: a sum over 1 GiB; at batch 32 a decode step moves every weight once and does
+little arithmetic per byte).  ``times_the_bound`` is each one's wall time over it: how far from
+that floor it is, and so how much room a faster implementation could have.  Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -26,6 +32,17 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+
+def read_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
+    """Best GB/s of reading a ``gib``-GiB fp32 tensor once (a sum) at the current thread count."""
+    x = torch.ones(int(gib * 2**30) // 4)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t0)
+    return x.numel() * 4 / best / 1e9
 
 
 def main(argv=None) -> None:
@@ -72,6 +89,13 @@ def main(argv=None) -> None:
     domain.close()
 
     peak = matmul_peak()["peak_gflops"]
+    bandwidth = read_bandwidth()
+    # the least time any implementation needs: prefill at the matmul peak, then one read of every
+    # weight per decode step (a decode step at batch 32 is bound by memory, not arithmetic)
+    steps = max(len(x) for x in gen_new)
+    prefill_s = 2 * matmul_params * sum(len(pr) for pr in prompts) / (peak * 1e9)
+    decode_s = steps * 4 * matmul_params / (bandwidth * 1e9)
+    bound = prefill_s + decode_s
 
     def stats(new, wall):
         toks = sum(len(x) for x in new)
@@ -83,6 +107,7 @@ def main(argv=None) -> None:
             "tokens_per_s": round(toks / wall, 1),
             "useful_gflops": round(useful, 2),
             "share_of_peak": round(useful / peak, 4),
+            "times_the_bound": round(wall / bound, 2),
         }
 
     engine, generate = stats(engine_new, t_engine), stats(gen_new, t_generate)
@@ -96,6 +121,8 @@ def main(argv=None) -> None:
                 "max_new_tokens": a.max_new_tokens,
                 "matmul_parameters": matmul_params,
                 "peak_gflops": peak,
+                "read_gb_per_s": round(bandwidth, 1),
+                "bound": {"prefill_s": round(prefill_s, 2), "decode_s": round(decode_s, 2), "decode_steps": steps},
                 "engine": engine,
                 "generate": generate,
                 "speedup_tokens_per_s": round(engine["tokens_per_s"] / generate["tokens_per_s"], 2),

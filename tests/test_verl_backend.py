@@ -443,7 +443,8 @@ def test_metrics_adapter_writes_run_files_that_analysis_reads(small_job, tmp_pat
     assert list(points["rollouts"]) == [0, 32, 64]
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in recs if r["kind"] == "train"] == [1, 2, 3, 4]
-    assert recs[-1]["kind"] == "train" and recs[-1]["wall_s"] == 8.0
+    assert [r["kind"] for r in recs][-3:] == ["train", "train", "eval"]  # the last evaluation follows the last step
+    assert [r for r in recs if r["kind"] == "train"][-1]["wall_s"] == 8.0
 
 
 def test_metrics_adapter_refuses_a_run_short_of_its_budget(small_job, tmp_path):

@@ -123,7 +123,8 @@ def write_run_files(
     used = trains[-1]["rollouts"] if trains else 0
     if used != budget:
         raise ValueError(f"the run logged {used} rollouts of its budget {budget} (unfinished?)")
-    records = sorted(evals + trains, key=lambda r: (r["step"], r["kind"] == "train"))
+    # verl validates after a step's update, as the suite's loop evaluates after the step that reached it
+    records = sorted(evals + trains, key=lambda r: (r["step"], r["kind"] == "eval"))
     out = Path(out_dir)
     write_text_atomic(out / "metrics.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
     domain = get_domain(job["domain"], seed=job["task_seed"], **job["domain_options"])

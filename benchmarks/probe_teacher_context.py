@@ -1,6 +1,7 @@
 """What a privileged context gives a warm-started teacher, by kind of context.
 
     python benchmarks/probe_teacher_context.py --domain tooluse --warmstart results/small/warmstart/tooluse
+    python benchmarks/probe_teacher_context.py --domain code --profile real-cpu --warmstart results/real-cpu/warmstart/code
 
 Samples the warm-start policy once on training tasks (the training temperature),
 keeps the failed episodes that carry environment feedback, and reports
@@ -67,12 +68,15 @@ def main(argv=None) -> None:
     p.add_argument("--max-failures", type=int, default=30)
     p.add_argument("--group", type=int, default=4, help="samples per task (SDPO's G) for the sibling contexts")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--profile", default=None, help="the profile whose settings the job takes (default: config's)")
     p.add_argument(
         "--context-check", type=int, metavar="SEED", help="also run the warm start's context check with this seed"
     )
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    if a.profile:
+        config["profile"] = a.profile
     job = resolve_job(config, a.domain)
     train_cfg = make_config(TrainConfig, job["train"], "train")
     domain = get_domain(a.domain, seed=job["task_seed"], **job["domain_options"])

@@ -229,6 +229,7 @@ class _Batch:
             position_ids=pos.clamp(min=0),
             past_key_values=self.cache,
             use_cache=True,
+            logits_to_keep=1,  # only the next token's logits: no LM head over every prompt position
         )
         self.length = self.length + real.sum(-1, keepdim=True)
         self.logits = out.logits[:, -1, :]

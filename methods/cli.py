@@ -692,10 +692,7 @@ def cmd_export_verl(args) -> None:
 
 
 def cmd_verl_config(args) -> None:
-    from omegaconf import OmegaConf
-
-    from methods.core.provenance import write_text_atomic
-    from methods.verl_backend.launch import main_ppo_config, validate
+    from methods.verl_backend.launch import main_ppo_config, validate, write_config
 
     cfg = main_ppo_config(
         _job(args.job),
@@ -707,7 +704,7 @@ def cmd_verl_config(args) -> None:
         nnodes=args.nodes,
     )
     validate(cfg)
-    write_text_atomic(Path(args.out), OmegaConf.to_yaml(cfg))
+    write_config(cfg, args.out)
     print(f"[verl-config] {args.out}", file=sys.stderr)
 
 

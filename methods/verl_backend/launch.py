@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from methods.verl_backend import SUPPORTED_METHODS
 
-__all__ = ["SUPPORTED_METHODS", "main_ppo_config", "validate", "rollouts_per_step"]
+__all__ = ["SUPPORTED_METHODS", "main_ppo_config", "validate", "write_config", "rollouts_per_step"]
 
 
 def rollouts_per_step(job: dict) -> int:
@@ -131,3 +131,10 @@ def validate(cfg: DictConfig) -> None:
     from verl.utils.config import validate_config
 
     validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+
+
+def write_config(cfg: DictConfig, path: str | Path) -> None:
+    """Write ``cfg`` as the YAML ``main_ppo --config-path DIR --config-name NAME`` reads (atomically)."""
+    from methods.core.provenance import write_text_atomic
+
+    write_text_atomic(Path(path), OmegaConf.to_yaml(cfg))

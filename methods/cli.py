@@ -11,7 +11,7 @@
     python -m methods.cli check-base   --job JSON --seed S --warmstart DIR --shipped DIR --out FILE.json
     python -m methods.cli export-verl  --job JSON --out DIR
     python -m methods.cli verl-config  --job JSON --seed S --model DIR --data DIR --run DIR --out FILE.yaml
-    python -m methods.cli verl-run-files --job JSON --method M --seed S --verl-log FILE --val-dir DIR --rollouts-per-step N --out DIR
+    python -m methods.cli verl-run-files --job JSON --method M --seed S --verl-log FILE --val-dir DIR --out DIR
 
 ``--job`` is the resolved job settings (see :func:`methods.core.config.resolve_job`)
 as a JSON string or ``@file.json``; the rules pass it so that every result
@@ -711,9 +711,7 @@ def cmd_verl_config(args) -> None:
 def cmd_verl_run_files(args) -> None:
     from methods.verl_backend.metrics import write_run_files
 
-    summary = write_run_files(
-        _job(args.job), args.method, args.seed, args.verl_log, args.val_dir, args.rollouts_per_step, args.out
-    )
+    summary = write_run_files(_job(args.job), args.method, args.seed, args.verl_log, args.val_dir, args.out)
     print(
         f"[verl-run-files] {args.out}: final heldout_reward {summary['final']['heldout_reward']:.3f}", file=sys.stderr
     )
@@ -724,8 +722,9 @@ def main(argv=None) -> None:
         prog="python -m methods.cli", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = p.add_subparsers(dest="cmd", required=True)
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--job", required=True, help="resolved job settings: a JSON string or @path.json")
+    job_arg = argparse.ArgumentParser(add_help=False)
+    job_arg.add_argument("--job", required=True, help="resolved job settings: a JSON string or @path.json")
+    common = argparse.ArgumentParser(add_help=False, parents=[job_arg])
     common.add_argument("--seed", type=int, required=True, help="run seed (model init, sampling)")
     common.add_argument("--out", required=True, help="output directory")
     common.add_argument("--threads", type=int, default=1, help="torch intra-op threads (the Snakemake rule's threads:)")
@@ -853,28 +852,27 @@ def main(argv=None) -> None:
     eb.set_defaults(fn=cmd_eval_benchmark)
     ev = sub.add_parser(
         "export-verl",
+        parents=[job_arg],
         help="a job's training split and held-out tasks as verl's RL parquet files (train.parquet, test.parquet)",
     )
-    ev.add_argument("--job", required=True, help="resolved job settings: a JSON string or @path.json")
     ev.add_argument("--out", required=True, help="output directory")
     ev.set_defaults(fn=cmd_export_verl, threads=1)
     vr = sub.add_parser(
         "verl-run-files",
+        parents=[job_arg],
         help="a finished verl run (its file log and validation dumps) as the suite's metrics.jsonl and summary.json",
     )
-    vr.add_argument("--job", required=True, help="resolved job settings: a JSON string or @path.json")
     vr.add_argument("--method", required=True, help="the method the run trained")
     vr.add_argument("--seed", type=int, required=True, help="the run's seed")
     vr.add_argument("--verl-log", required=True, help="verl's file-logger JSONL (VERL_FILE_LOGGER_PATH)")
     vr.add_argument("--val-dir", required=True, help="verl's trainer.validation_data_dir (<step>.jsonl dumps)")
-    vr.add_argument("--rollouts-per-step", type=int, required=True, help="data.train_batch_size x rollout.n")
     vr.add_argument("--out", required=True, help="the run directory to write")
     vr.set_defaults(fn=cmd_verl_run_files, threads=1)
     vc = sub.add_parser(
         "verl-config",
+        parents=[job_arg],
         help="verl's main_ppo config for a job (composed from verl's ppo_trainer.yaml, checked by verl's validation)",
     )
-    vc.add_argument("--job", required=True, help="resolved job settings: a JSON string or @path.json")
     vc.add_argument("--seed", type=int, required=True, help="the run's seed")
     vc.add_argument("--model", required=True, help="the policy's save_pretrained directory")
     vc.add_argument("--data", required=True, help="export-verl's directory (train.parquet, test.parquet)")

@@ -37,7 +37,6 @@ if BACKEND == "verl":
             data=lambda w: f"{OUT}/verl/data/{w.domain}",
             run=lambda w: f"{OUT}/verl/runs/{w.domain}/{w.method}/seed{w.seed}",
             out=lambda w: f"{OUT}/runs/{w.domain}/{w.method}/seed{w.seed}",
-            per_step=lambda w: resolve_job(config, w.domain, w.method)["train"]["rollouts_per_step"],
             gpus=BACKEND_OPTIONS.get("gpus", 1),
             nodes=BACKEND_OPTIONS.get("nodes", 1),
         wildcard_constraints:
@@ -55,5 +54,5 @@ if BACKEND == "verl":
             "VERL_FILE_LOGGER_PATH={params.run}/verl.jsonl python -m verl.trainer.main_ppo "
             "--config-path $(realpath {params.run}) --config-name main_ppo >> {log} 2>&1 && "
             "python -m methods.cli verl-run-files --job {params.job} --method {wildcards.method} --seed {wildcards.seed} "
-            "--verl-log {params.run}/verl.jsonl --val-dir {params.run}/val --rollouts-per-step {params.per_step} "
+            "--verl-log {params.run}/verl.jsonl --val-dir {params.run}/val "
             "--out {params.out} >> {log} 2>&1"

@@ -159,18 +159,13 @@ def test_policy_loss_micro_batches_and_ranks_add_up_to_the_batch(agg):
     flat, _, data = _verl_batch(ROWS)
     full, grad_full, _ = _loss(plugin.POLICY_LOSS, agg, flat, data)
     info = {"batch_num_tokens": int(data["response_mask"].sum()), "global_batch_size": len(ROWS)}
-    parts = []
-    for rows in ([0, 1], [2, 3]):
-        f, _, d = _verl_batch(ROWS)
-        sub = d[rows]
-        sub_flat = torch.cat([f.split([r + p for r, p in ROWS])[i] for i in rows])
-        parts.append(_loss(plugin.POLICY_LOSS, agg, sub_flat, sub, **info)[0])
+    parts = [_loss(plugin.POLICY_LOSS, agg, *_split(flat, data, rows), **info)[0] for rows in ([0, 1], [2, 3])]
     torch.testing.assert_close(parts[0] + parts[1], full)
     ranks = [
         _loss(plugin.POLICY_LOSS, agg, *_split(flat, data, rows), dp_size=2, **info)[0] for rows in ([0, 1], [2, 3])
     ]
     torch.testing.assert_close((ranks[0] + ranks[1]) / 2, full)
-    assert grad_full.abs().sum() > 0
+    assert grad_full.abs().sum() > 0  # the sums compared above are not all zero
 
 
 def _split(flat, data, rows):
@@ -383,7 +378,7 @@ def test_agent_loop_runs_an_exported_row_through_verls_interface(tmp_path):
 
 
 # --------------------------------------------------------------------------- metrics adapter
-def _fake_verl_run(tmp_path, steps, rollouts_per_step, val_steps, n_val=8, seed=0):
+def _fake_verl_run(tmp_path, steps, val_steps, n_val=8, seed=0):
     """The two records a verl run leaves: its file logger's lines (written by verl's own FileLogger)
     and its validation dumps (``<step>.jsonl``, the lines of ``RayPPOTrainer._write_generations``)."""
     import os
@@ -430,10 +425,10 @@ def test_metrics_adapter_writes_run_files_that_analysis_reads(small_job, tmp_pat
     from methods.core.evaluate import mean_se
     from methods.verl_backend.metrics import write_run_files
 
-    job = dict(small_job, train=dict(small_job["train"], rollout_budget=64))
-    log, val, scores = _fake_verl_run(tmp_path, steps=4, rollouts_per_step=16, val_steps=[2, 4])
+    job = dict(small_job, train=dict(small_job["train"], rollout_budget=64, rollouts_per_step=16))
+    log, val, scores = _fake_verl_run(tmp_path, steps=4, val_steps=[2, 4])
     out = tmp_path / "run"
-    summary = write_run_files(job, "grpo", 0, log, val, 16, out)
+    summary = write_run_files(job, "grpo", 0, log, val, out)
     assert summary["ledger"]["rollouts"] == summary["ledger"]["rollout_budget"] == 64
     assert summary["final"]["heldout_reward"] == pytest.approx(mean_se(scores[4])[0])
     assert summary["final"]["heldout_reward_se"] == pytest.approx(mean_se(scores[4])[1])
@@ -450,17 +445,17 @@ def test_metrics_adapter_writes_run_files_that_analysis_reads(small_job, tmp_pat
 def test_metrics_adapter_refuses_a_run_short_of_its_budget(small_job, tmp_path):
     from methods.verl_backend.metrics import write_run_files
 
-    job = dict(small_job, train=dict(small_job["train"], rollout_budget=64))
-    log, val, _ = _fake_verl_run(tmp_path, steps=3, rollouts_per_step=16, val_steps=[2])
+    job = dict(small_job, train=dict(small_job["train"], rollout_budget=64, rollouts_per_step=16))
+    log, val, _ = _fake_verl_run(tmp_path, steps=3, val_steps=[2])
     with pytest.raises(ValueError, match="not at its budget 64"):
-        write_run_files(job, "grpo", 0, log, val, 16, tmp_path / "run")
+        write_run_files(job, "grpo", 0, log, val, tmp_path / "run")
     assert not (tmp_path / "run" / "summary.json").exists()
     (val / "4.jsonl").write_text('{"score": 1.0}\n')
     with pytest.raises(ValueError, match="logged 48 rollouts of its budget 64"):
-        write_run_files(job, "grpo", 0, log, val, 16, tmp_path / "run")
+        write_run_files(job, "grpo", 0, log, val, tmp_path / "run")
     (val / "5.jsonl").write_text("{not json\n")
     with pytest.raises(ValueError, match="5.jsonl:1: not a JSON line"):
-        write_run_files(job, "grpo", 0, log, val, 16, tmp_path / "run")
+        write_run_files(job, "grpo", 0, log, val, tmp_path / "run")
 
 
 # --------------------------------------------------------------------------- main_ppo config

@@ -223,9 +223,7 @@ def validate(config: dict[str, Any]) -> None:
         from methods.verl_backend import SUPPORTED_METHODS
 
         missing = [
-            m
-            for m in profile_methods(config)
-            if (run_entries(config)[m][1] or {}).get("method", m) not in SUPPORTED_METHODS
+            m for m in profile_methods(config) if (entries[m][1] or {}).get("method", m) not in SUPPORTED_METHODS
         ]
         if missing:
             raise ValueError(

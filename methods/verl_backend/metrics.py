@@ -11,8 +11,8 @@ A verl run leaves two records this adapter reads:
   line per held-out episode with its ``score``.  The suite's held-out metrics are per-episode means
   with their standard error, so they are computed from these lines, not from verl's aggregates.
 
-A step's rollouts are ``rollouts_per_step`` (``data.train_batch_size`` x ``rollout.n``, fixed by the
-generated config), so the ledger is exact.  A run whose last validation is not at the budget is
+A step's rollouts are the job's ``train.rollouts_per_step`` (the generated config makes
+``data.train_batch_size`` x ``rollout.n`` equal to it), so the ledger is exact.  A run whose last validation is not at the budget is
 refused: Table 1 compares methods at one budget.
 """
 
@@ -99,7 +99,6 @@ def write_run_files(
     seed: int,
     verl_log: str | Path,
     val_dir: str | Path,
-    rollouts_per_step: int,
     out_dir: str | Path,
 ) -> dict:
     """Write ``metrics.jsonl`` and ``summary.json`` (in that order, each atomically: a reader that
@@ -107,6 +106,7 @@ def write_run_files(
     from tasks.base import get_domain
 
     budget = int(job["train"]["rollout_budget"])
+    rollouts_per_step = int(job["train"]["rollouts_per_step"])
     evals = validation_records(val_dir, rollouts_per_step)
     if job.get("heldout_domain"):  # evaluated on a benchmark: its version travels with each evaluation
         heldout = get_domain(job["heldout_domain"])

@@ -29,9 +29,14 @@ gradient reaches the composer *through* the teacher).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor
+from methods.core.lazy import lazy_import
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+torch = lazy_import("torch")  # loaded on first use: config resolution reads this module (methods/core/lazy.py)
 
 __all__ = [
     "forward_kl",

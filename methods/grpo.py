@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from .core.batch import RolloutBatch, rows_of
+from .core.lazy import lazy_import
 from .core.registry import Method, MethodConfig, register_method
 from .losses import AGG_MODES, grpo_outcome_advantage, ppo_clip_loss
+
+torch = lazy_import("torch")  # loaded on first use: config resolution reads this module (methods/core/lazy.py)
 
 
 @dataclass

@@ -29,10 +29,14 @@ inputs only:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import Tensor
+from methods.core.lazy import lazy_import, no_grad
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+torch = lazy_import("torch")  # loaded on first use: config resolution reads this module (methods/core/lazy.py)
 
 __all__ = [
     "AGG_MODES",
@@ -62,7 +66,7 @@ _LOG_RATIO_CLAMP = 20.0
 # helpers
 # --------------------------------------------------------------------------- #
 def _check_mask(x: Tensor, mask: Tensor, name_x: str = "x") -> None:
-    if not isinstance(x, Tensor) or not isinstance(mask, Tensor):
+    if not isinstance(x, torch.Tensor) or not isinstance(mask, torch.Tensor):
         raise TypeError(f"{name_x} and mask must be torch.Tensor")
     try:
         shape = torch.broadcast_shapes(x.shape, mask.shape)
@@ -167,7 +171,7 @@ def agg_loss(loss_mat: Tensor, mask: Tensor, agg: str = "token-mean") -> Tensor:
 # --------------------------------------------------------------------------- #
 def group_ids(group_index: Tensor | Sequence[Any] | Any, n: int, device: torch.device) -> Tensor:
     """Map arbitrary group labels (tensor / list / numpy array of hashables) to 0..G-1."""
-    if isinstance(group_index, Tensor):
+    if isinstance(group_index, torch.Tensor):
         if group_index.dim() != 1:
             raise ValueError(f"group_index must be 1-D, got shape {tuple(group_index.shape)}")
         if group_index.is_floating_point() or group_index.is_complex():
@@ -190,7 +194,7 @@ def group_ids(group_index: Tensor | Sequence[Any] | Any, n: int, device: torch.d
     return inv.to(torch.long)
 
 
-@torch.no_grad()
+@no_grad
 def grpo_outcome_advantage(
     rewards: Tensor,
     group_index: Tensor | Sequence[Any],
@@ -229,7 +233,7 @@ def grpo_outcome_advantage(
         detached (computed under ``no_grad``, as in verl).  Statistics are
         accumulated in float64 with vectorised ``index_add``.
     """
-    if not isinstance(rewards, Tensor):
+    if not isinstance(rewards, torch.Tensor):
         rewards = torch.as_tensor(rewards)
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be 1-D [N], got shape {tuple(rewards.shape)}")
@@ -319,7 +323,7 @@ def ppo_clip_loss(
     """
     _agg_check(agg)
     for name, t in (("logp", logp), ("old_logp", old_logp), ("advantages", advantages), ("mask", mask)):
-        if not isinstance(t, Tensor):
+        if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if logp.dim() != 2:
         raise ValueError(f"logp must be [B, T], got shape {tuple(logp.shape)}")

@@ -25,9 +25,7 @@ from dataclasses import dataclass
 from tasks.base import Task
 
 from .core.registry import register_method
-from .experience import BankConfig, ExperienceBank
-from .experience.bank import same_group_share
-from .experience.encoder import TextEncoder
+from .core.settings import BankConfig
 from .grpo import GRPO, GRPOConfig
 
 
@@ -53,6 +51,9 @@ class RetrievalRL(GRPO):
     uses_bank = True
 
     def __init__(self, cfg: RetrievalRLConfig, run):
+        from .experience import ExperienceBank
+        from .experience.encoder import TextEncoder  # numpy, faiss: not needed to read the Config
+
         super().__init__(cfg, run)
         self.bank = ExperienceBank(
             BankConfig(**(run.bank_config or {})), TextEncoder(), allow_self_retrieval=cfg.allow_self_retrieval
@@ -63,6 +64,8 @@ class RetrievalRL(GRPO):
         self._last = {"retrieved": 0.0, "same_group": 0.0, "retrieval_s": 0.0}
 
     def student_contexts(self, tasks: Sequence[Task]) -> list[str | None]:
+        from .experience.bank import same_group_share
+
         # one retrieval per distinct task (the loop repeats each task G times)
         t0 = time.perf_counter()
         distinct = list({t.task_id: t for t in tasks}.values())

@@ -21,18 +21,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import torch
-
 from tasks.base import Task
 
 from .core.batch import rows_of
 from .core.contexts import SKILL_MAX_CHARS, rollout_skill
 from .core.distill import checked_gain, gain_record
+from .core.lazy import lazy_import
 from .core.registry import register_method
 from .core.teacher import Teacher
 from .divergences import sampled_token_reverse_kl, token_mean
 from .grpo import GRPO, GRPOConfig
 from .losses import ppo_clip_loss
+
+torch = lazy_import("torch")  # loaded on first use: config resolution reads this module (methods/core/lazy.py)
 
 
 @dataclass

@@ -122,6 +122,39 @@ def test_shipped_config_validates():
         validate(cfg)
 
 
+HEAVY_MODULES = ("torch", "transformers", "tokenizers", "numpy", "faiss", "sentence_transformers", "pandas")
+
+RESOLVE_EVERY_PROFILE = """
+import importlib.util, json, sys, yaml
+from methods.core.config import resolve_job, validate
+from methods.core.registry import get_method, known_methods
+cfg = yaml.safe_load(open("config/config.yaml"))
+for profile in cfg["profiles"]:
+    validate({**cfg, "profile": profile})
+for name in known_methods():
+    get_method(name).Config()
+loaded = [m for m in HEAVY if m in sys.modules and not isinstance(sys.modules[m], importlib.util._LazyModule)]
+print(json.dumps(loaded))
+"""
+
+
+def test_resolving_the_grid_imports_no_torch():
+    """What the Snakefile does at parse time -- validate every profile's grid, read every method's
+    Config -- loads none of the heavy libraries (methods/core/lazy.py): torch alone takes 2 s to
+    import, Snakemake's whole parse 1.6 s.  A module that loads one names itself in the message."""
+    import json
+    import subprocess
+    import sys
+
+    code = f"HEAVY = {HEAVY_MODULES!r}\n" + RESOLVE_EVERY_PROFILE
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert loaded == [], (
+        f"resolving the configured grid loaded {loaded}: a module on that path imports them at its top; "
+        "bind torch with methods.core.lazy.lazy_import and import the rest inside the functions that use them"
+    )
+
+
 def test_profiles_select_domains_methods_and_heldout_benchmarks():
     """A profile may run a subset of the grid and evaluate a domain on a benchmark; a profile that
     does neither resolves jobs without the key, so their settings (Snakemake's params) are unchanged."""

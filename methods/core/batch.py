@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
-
+from .lazy import lazy_import
 from .lengths import length_groups
-from .rollout import Rollout
+
+if TYPE_CHECKING:
+    from .rollout import Rollout
+
+torch = lazy_import("torch")  # loaded on first use: config resolution reads this module (methods/core/lazy.py)
 
 
 @dataclass

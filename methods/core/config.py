@@ -18,10 +18,8 @@ from typing import Any
 
 from tasks.base import unknown_name
 
-from .loop import TrainConfig
-from .policy import ModelConfig
 from .registry import get_method, make_config
-from .warmstart import WarmStartConfig
+from .settings import BankConfig, ModelConfig, TrainConfig, WarmStartConfig
 
 
 def _merge(base: dict, over: dict) -> dict:
@@ -148,8 +146,6 @@ def cold_start_key(config: dict[str, Any], domain: str, name: str) -> str | None
 
 def bank_settings(prof: dict[str, Any]) -> dict[str, Any]:
     """The profile's experience-bank settings (only jobs that use a bank carry them)."""
-    from methods.experience.bank import BankConfig
-
     return asdict(make_config(BankConfig, prof.get("bank"), "bank"))
 
 
@@ -202,10 +198,11 @@ def validate(config: dict[str, Any]) -> None:
 
     prof = profile_section(config)
     entries = run_entries(config)
+    known = known_methods()
     for m, (_, e) in entries.items():
         base = (e or {}).get("method", m)
-        if base not in known_methods():
-            raise unknown_name("method", base, known_methods())
+        if base not in known:
+            raise unknown_name("method", base, known)
     for d in config.get("ablation_domains") or []:
         if d not in config.get("domains", []):
             raise ValueError(f"ablation_domains: {d!r} is not one of domains {config.get('domains')}")

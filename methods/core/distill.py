@@ -31,15 +31,15 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
-
 from tasks.base import Task, format_trace
 
 from ..divergences import divergence, known_divergences, token_mean
 from .batch import RolloutBatch
+from .lazy import lazy_import, no_grad
 from .registry import Method, MethodConfig
 from .teacher import WEIGHT_SOURCES, Teacher
-from .warmstart import mean_agent_logprob
+
+torch = lazy_import("torch")  # loaded on first use: config resolution reads this module (methods/core/lazy.py)
 
 __all__ = [
     "DivergenceConfig",
@@ -228,10 +228,12 @@ def context_gain(teacher: Teacher, tasks: Sequence[Task], contexts: Sequence[str
     return _context_shift(teacher, items) if items else 0.0
 
 
-@torch.no_grad()
+@no_grad
 def _context_shift(teacher: Teacher, items: Sequence) -> float:
     """Mean per-token log-lik of the agent turns of ``items`` = [(task, context, turns)] under the
     teacher with their contexts minus without."""
+    from .warmstart import mean_agent_logprob  # heavy (transformers): imported when a run measures
+
     run, model = teacher.run, teacher.model
     was_training = model.training
     with_ctx = mean_agent_logprob(model, run.encoder, run.domain, items)

@@ -34,69 +34,9 @@ from .batch import RolloutBatch, agent_token_logprobs, collate, rows_of
 from .evaluate import contexts_fingerprint, evaluate, summarize
 from .ledger import Ledger
 from .registry import Method
-from .rollout import SamplingConfig, run_episodes
+from .rollout import run_episodes
+from .settings import TrainConfig
 from .tokenizer import ChatEncoder
-
-
-@dataclass
-class TrainConfig:
-    """Settings shared by every method (the same values for all methods of a comparison)."""
-
-    rollout_budget: int = 1600  # student rollouts per run (the unit of budget)
-    rollouts_per_step: int = 32  # tasks_per_step = rollouts_per_step // group_size
-    lr: float = 3e-4
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    ppo_epochs: int = 2  # passes over each step's rollouts
-    minibatch_rollouts: int = 16
-    temperature: float = 1.0  # sampling temperature of training rollouts
-    max_new_tokens: int = 48  # per assistant turn
-    max_seq_len: int = 1024
-    eval_every: int = (
-        320  # rollouts between held-out evaluations (also at 0 and at the end); a multiple of rollouts_per_step
-    )
-    eval_episodes: int = 200
-    # held-out episodes of the evaluations between the first and the last (the first ones of the
-    # eval_episodes tasks): the curves' inner points.  None: eval_episodes.  The first and the
-    # final evaluation always use all eval_episodes (Table 1 reads the final one).
-    curve_eval_episodes: int | None = None
-    eval_temperature: float = 0.0  # 0: greedy evaluation
-    checkpoint_every: int = 5  # steps
-    recompute_old_logp: bool = False  # True: PPO's old log-probs from a training-mode forward instead of the sampler's
-
-    def __post_init__(self):
-        positive = [
-            "rollout_budget",
-            "rollouts_per_step",
-            "ppo_epochs",
-            "minibatch_rollouts",
-            "max_new_tokens",
-            "max_seq_len",
-            "eval_every",
-            "eval_episodes",
-            "checkpoint_every",
-        ]
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
-        if not (0 < self.lr < 1):
-            raise ValueError(f"train.lr must be in (0, 1), got {self.lr}")
-        if self.grad_clip <= 0 or self.weight_decay < 0:
-            raise ValueError("train.grad_clip must be > 0 and train.weight_decay >= 0")
-        if self.curve_eval_episodes is not None and not (1 <= self.curve_eval_episodes <= self.eval_episodes):
-            raise ValueError(
-                f"train.curve_eval_episodes must be null or in [1, eval_episodes ({self.eval_episodes})], got {self.curve_eval_episodes}"
-            )
-        if self.eval_every % self.rollouts_per_step:
-            raise ValueError(
-                f"train.eval_every ({self.eval_every}) must be a multiple of train.rollouts_per_step ({self.rollouts_per_step}), so that every method is evaluated at the same rollout counts"
-            )
-        if self.temperature <= 0 or self.eval_temperature < 0:
-            raise ValueError("train.temperature must be > 0 and train.eval_temperature >= 0")
-
-    def sampling(self, eval: bool = False) -> SamplingConfig:
-        t = self.eval_temperature if eval else self.temperature
-        return SamplingConfig(temperature=t, max_new_tokens=self.max_new_tokens, max_seq_len=self.max_seq_len)
 
 
 @dataclass

@@ -8,32 +8,12 @@ GPU machine) enters the same pipeline.  Nothing here downloads.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-
-@dataclass
-class ModelConfig:
-    """Shape of a policy built from scratch (ignored when ``checkpoint`` is given)."""
-
-    hidden_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 4
-    intermediate_size: int = 512
-    max_positions: int = 1024
-    checkpoint: str | None = None  # a local HF directory to start from instead
-
-    def __post_init__(self):
-        for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_positions"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}")
-        if self.hidden_size % self.num_heads:
-            raise ValueError(
-                f"model.hidden_size ({self.hidden_size}) must be divisible by model.num_heads ({self.num_heads})"
-            )
+from .settings import ModelConfig
 
 
 def build_policy(cfg: ModelConfig, tokenizer, seed: int) -> Qwen2ForCausalLM:

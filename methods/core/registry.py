@@ -201,7 +201,8 @@ def known_methods() -> list[str]:
 
 
 def get_method(name: str) -> type[Method]:
-    _import_methods()
+    if name not in _METHODS:  # a registered name needs no new scan (config resolution asks often)
+        _import_methods()
     if name not in _METHODS:
         from tasks.base import unknown_name
 

@@ -26,6 +26,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 from tasks.base import Episode, Task, TaskDomain, render_user_message
 
 from .lengths import length_groups
+from .settings import SamplingConfig
 from .tokenizer import ChatEncoder
 
 
@@ -50,17 +51,6 @@ class Rollout:
         return self.agent_mask.index(1) if 1 in self.agent_mask else len(self.ids)
 
 
-@dataclass
-class SamplingConfig:
-    temperature: float = 1.0  # 0 -> greedy
-    max_new_tokens: int = 48  # per assistant turn
-    max_seq_len: int = 1024  # a conversation longer than this ends the episode
-
-    def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"sampling.temperature must be >= 0, got {self.temperature}")
-        if self.max_new_tokens < 1 or self.max_seq_len < 2:
-            raise ValueError("sampling.max_new_tokens must be >= 1 and max_seq_len >= 2")
 
 
 def _left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,11 +23,15 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-
-import torch
+from typing import TYPE_CHECKING
 
 from .batch import agent_logits, pad_examples
-from .rollout import Rollout, initial_prompt_ids
+from .lazy import lazy_import, no_grad
+
+if TYPE_CHECKING:
+    from .rollout import Rollout
+
+torch = lazy_import("torch")  # loaded on first use: config resolution reads this module (methods/core/lazy.py)
 
 __all__ = ["Teacher", "WEIGHT_SOURCES"]
 
@@ -60,7 +64,7 @@ class Teacher:
         return self._model if self._model is not None else self.run.model
 
     # --- weights ---------------------------------------------------------------
-    @torch.no_grad()
+    @no_grad
     def update(self) -> None:
         """After a student step: move an EMA teacher toward the student (others: nothing to do)."""
         if self.source != "ema":
@@ -79,12 +83,14 @@ class Teacher:
     # --- scoring ---------------------------------------------------------------
     def sequences(self, rollout: Rollout, context: str | None) -> tuple[list[int], list[int]]:
         """The rollout re-rendered with ``context`` in its first user message, and its agent mask."""
+        from .rollout import initial_prompt_ids
+
         run = self.run
         prefix = initial_prompt_ids(run.encoder, run.domain, rollout.task, context)
         start = rollout.prompt_len
         return prefix + rollout.ids[start:], [0] * len(prefix) + rollout.agent_mask[start:]
 
-    @torch.no_grad()
+    @no_grad
     def score(
         self, rollouts: Sequence[Rollout], contexts: Sequence[str | None], temperature: float = 1.0
     ) -> list[torch.Tensor | None]:

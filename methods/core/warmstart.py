@@ -50,7 +50,6 @@ import random
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
@@ -59,90 +58,10 @@ from tasks.base import Episode, Task, TaskDomain, format_trace
 from .batch import agent_logits, pad_examples
 from .contexts import SKILL_MAX_CHARS, feedback_context, skill_summary
 from .evaluate import evaluate
-from .policy import ModelConfig, build_policy, count_parameters
-from .rollout import SamplingConfig, trajectory_ids
+from .policy import build_policy, count_parameters
+from .rollout import trajectory_ids
+from .settings import ModelConfig, SamplingConfig, WarmStartConfig
 from .tokenizer import ChatEncoder, train_tokenizer
-
-
-@dataclass
-class WarmStartConfig:
-    n_demos: int = 40000  # expert demonstrations (each seen about once: steps * batch_size ~ n_demos)
-    seen_group_share: float = 0.0  # share of demonstrations from the training split (the rest: fresh warm-start groups)
-    steps: int = 1500
-    batch_size: int = 32
-    lr: float = 1e-3
-    warmup_steps: int = 50
-    context_share: float = 0.3  # share of demonstrations that carry a context block
-    same_task_share: float = 0.5  # of those, share whose context is the task's own solution (else a same-group example)
-    feedback_share: float = (
-        0.0  # of those, share whose context is the feedback on a failed attempt at the task (SDPO's reprompt)
-    )
-    skill_share: float = (
-        0.0  # of those, share whose context is a skill summary of a same-group episode (Skill-SD's skill)
-    )
-    vocab_size: int = 768
-    likelihood_tasks: int = 200  # held-out tasks for the context-likelihood check
-    bucket_batches: bool = True  # draw each batch from a length-sorted pool of 16 batches (less padding)
-    copy_share: float = 0.0  # share of extra synthetic "repeat: <text>" examples (a pretraining-like copy skill)
-    recovery_share: float = (
-        0.0  # share of multi-turn demonstrations with one corrupted call and the recovery from its error
-    )
-    # None: every demonstration is the scripted expert's.  A number q: demonstrations *without* a context
-    # block come from the domain's imperfect demonstrator (TaskDomain.imperfect_trajectory), which reacts
-    # correctly to the cue of its systematic mistakes with probability q: the SFT-then-RL headroom
-    # (docs/testbed.md).  Demonstrations with a context keep the expert's turns (the context shows how).
-    demo_recovery: float | None = None
-    # Of the same-group context blocks (what is left after same_task/feedback/skill), the share rendered
-    # as retrieval hands them over: ``retrieved_docs`` solved tasks joined by blank lines (the format of
-    # methods.retrieval_rl.render_experience), one from the task's group and each other one from it with
-    # probability 1/2, else from another group, in random order.  A policy that saw only one-trace
-    # blocks broke its calls when given three (docs/decisions.md).
-    retrieved_share: float = 0.0
-    retrieved_docs: int = 3
-    # Item 5: a second stage on contexts built from the policy's *own* samples (0 steps: off)
-    onpolicy_steps: int = 0  # SFT steps of that stage
-    onpolicy_tasks: int = 2000  # fresh warm-start tasks, each sampled onpolicy_group times at the training temperature
-    onpolicy_group: int = 4  # SDPO's G: a failed sample's reprompt may hold a successful sibling
-    onpolicy_lr: float = 3e-4
-
-    def __post_init__(self):
-        for name in (
-            "n_demos",
-            "steps",
-            "batch_size",
-            "vocab_size",
-            "likelihood_tasks",
-            "onpolicy_tasks",
-            "onpolicy_group",
-            "retrieved_docs",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"warmstart.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("warmup_steps", "onpolicy_steps"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"warmstart.{name} must be >= 0, got {getattr(self, name)}")
-        for name in (
-            "context_share",
-            "same_task_share",
-            "feedback_share",
-            "skill_share",
-            "copy_share",
-            "seen_group_share",
-            "recovery_share",
-            "retrieved_share",
-        ):
-            if not (0.0 <= getattr(self, name) <= 1.0):
-                raise ValueError(f"warmstart.{name} must be in [0, 1], got {getattr(self, name)}")
-        if self.same_task_share + self.feedback_share + self.skill_share > 1.0 + 1e-9:
-            raise ValueError(
-                f"warmstart.same_task_share + feedback_share + skill_share must be <= 1 (shares of the context demonstrations), "
-                f"got {self.same_task_share} + {self.feedback_share} + {self.skill_share}"
-            )
-        if self.demo_recovery is not None and not (0.0 <= self.demo_recovery <= 1.0):
-            raise ValueError(f"warmstart.demo_recovery must be null or in [0, 1], got {self.demo_recovery}")
-        for name in ("lr", "onpolicy_lr"):
-            if not (0 < getattr(self, name) < 1):
-                raise ValueError(f"warmstart.{name} must be in (0, 1), got {getattr(self, name)}")
 
 
 def expert_episodes(domain: TaskDomain, tasks: Sequence[Task]) -> list[Episode]:

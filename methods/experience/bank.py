@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from methods.core.settings import BankConfig
 from tasks.base import Task, Turn, format_trace
 
 from .encoder import TextEncoder
@@ -58,20 +59,6 @@ def _check_split(task: Task) -> None:
         )
 
 
-@dataclass
-class BankConfig:
-    """How the bank admits and returns experience (shared by retrieval RL and LOPD)."""
-
-    success_threshold: float = 1.0  # tool use: reward >= threshold; code: reward is 1 iff all tests pass
-    max_per_task: int = 1  # trajectories kept per task (its first successes)
-    seed_tasks: int = 0  # training tasks the warm-start policy attempts to seed the bank before RL (0: start empty)
-    seed_attempts: int = 1  # attempts per seed task: a task is tried again while it has no success (pass@k seeding)
-
-    def __post_init__(self):
-        if not (0.0 < self.success_threshold <= 1.0):
-            raise ValueError(f"bank.success_threshold must be in (0, 1], got {self.success_threshold}")
-        if self.max_per_task < 1 or self.seed_tasks < 0 or self.seed_attempts < 1:
-            raise ValueError("bank.max_per_task and bank.seed_attempts must be >= 1, and bank.seed_tasks >= 0")
 
 
 @dataclass(frozen=True)

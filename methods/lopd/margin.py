@@ -29,7 +29,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
+from methods.core.lazy import lazy_import
+
+torch = lazy_import("torch")  # loaded on first use: config resolution reads this module (methods/core/lazy.py)
 
 __all__ = [
     "token_delta",

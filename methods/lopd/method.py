@@ -34,22 +34,24 @@ import sys
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import ClassVar
-
-import torch
+from typing import TYPE_CHECKING, ClassVar
 
 from methods.core.batch import RolloutBatch, agent_logits, pad_examples
 from methods.core.distill import DivergenceConfig, checked_gain, distill_loss, distill_rows
+from methods.core.lazy import lazy_import, no_grad
 from methods.core.registry import Method, register_method
-from methods.core.rollout import initial_prompt_ids, trajectory_ids
+from methods.core.settings import BankConfig
 from methods.core.teacher import Teacher
 from methods.divergences import divergence, token_mean
-from methods.experience import BankConfig, ExperienceBank
-from methods.experience.bank import same_group_share
-from methods.experience.encoder import TextEncoder
 
-from .composer import LatentComposer
 from .margin import anchor_penalty, composer_objective, dual_update, privileged_margin, token_delta
+
+if TYPE_CHECKING:
+    from .composer import LatentComposer
+
+# Loaded on first use: config resolution reads this module (methods/core/lazy.py).  The composer (an
+# nn.Module), the bank (faiss) and the rollout helpers (transformers) are imported where they are used.
+torch = lazy_import("torch")
 
 FILL_MODES = ("shorter", "repeat")
 
@@ -136,6 +138,8 @@ class LOPDConfig(DivergenceConfig):
 
 def build_composer(cfg: LOPDConfig, backbone, encoder, seed: int) -> LatentComposer:
     """The composer with φ initialised from ``seed`` without touching the run's RNG streams."""
+    from .composer import LatentComposer
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return LatentComposer(
@@ -201,6 +205,9 @@ class LOPD(Method):
         params = [p for p in self.composer.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.composer_lr, weight_decay=0.0) if params else None
         self.beta = float(cfg.beta_init)
+        from methods.experience import ExperienceBank
+        from methods.experience.encoder import TextEncoder
+
         self.bank = ExperienceBank(
             BankConfig(**(run.bank_config or {})), TextEncoder(), allow_self_retrieval=cfg.allow_self_retrieval
         )
@@ -264,6 +271,8 @@ class LOPD(Method):
 
     # --- the step ----------------------------------------------------------------
     def prepare(self, batch: RolloutBatch) -> dict[str, float]:
+        from methods.experience.bank import same_group_share
+
         cfg, rs = self.cfg, batch.rollouts
         t0 = time.perf_counter()
         hits = self.retrieve([r.task for r in rs])
@@ -322,6 +331,8 @@ class LOPD(Method):
         (``teacher_context_gain``), and the same on the student's own failed attempts
         (``teacher_failed_shift``: a size, not a pass/fail).  Reuses this step's latents, so it
         draws no random numbers and changes nothing the run trains on."""
+        from methods.core.rollout import initial_prompt_ids, trajectory_ids
+
         domain, enc = self.run.domain, self.run.encoder
         firsts = {}
         for r, lat in zip(rollouts, latents):
@@ -344,7 +355,7 @@ class LOPD(Method):
             out.update({"teacher_failed_shift": self._latent_shift(failed), "teacher_failed_attempts": len(failed)})
         return out
 
-    @torch.no_grad()
+    @no_grad
     def _latent_shift(self, items) -> float:
         """Mean per-token log-lik of the agent tokens of ``items`` = [(task, latents, tail ids, tail
         mask)] under the frozen teacher with the latents minus with no context (LoRA off both ways)."""

@@ -43,22 +43,40 @@ def tiny_configs():
 
 @pytest.fixture(scope="session")
 def warmstarts(tmp_path_factory):
-    """{domain: Path} of tiny warm-start directories (model/ + eval.json)."""
+    """{domain: (Path, report)} of tiny warm-start directories (model/ + the warm start's report).
+
+    Built once per test session: under pytest-xdist the workers share one directory, each worker
+    starts with a different domain under that domain's file lock, and the others reuse what it
+    saved (the build is deterministic; it takes about 13 s per domain)."""
+    import json
+
+    from filelock import FileLock
+
     from methods.core.policy import save_policy
     from methods.core.warmstart import warm_start
     from tasks.base import get_domain
 
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    root = tmp_path_factory.getbasetemp()
+    root = root.parent if worker else root  # xdist: the workers' base directories share a parent
+    turn = int(worker[2:] or 0) if worker.startswith("gw") else 0
+    order = DOMAINS[turn % len(DOMAINS) :] + DOMAINS[: turn % len(DOMAINS)]
     model_cfg, ws_cfg, train_cfg = tiny_configs()
     out = {}
-    for name in DOMAINS:
-        d = get_domain(name, seed=0)
-        model, tok, report = warm_start(
-            d, model_cfg, ws_cfg, train_cfg.sampling(eval=True), train_cfg.eval_episodes, seed=0
-        )
-        path = tmp_path_factory.mktemp(f"ws_{name}")
-        save_policy(model, tok, path / "model")
-        out[name] = (path, report)
-    return out
+    for name in order:
+        path = root / f"ws_{name}"
+        done = path / "report.json"
+        with FileLock(str(path) + ".lock"):
+            if not done.exists():
+                d = get_domain(name, seed=0)
+                model, tok, report = warm_start(
+                    d, model_cfg, ws_cfg, train_cfg.sampling(eval=True), train_cfg.eval_episodes, seed=0
+                )
+                d.close()
+                save_policy(model, tok, path / "model")
+                done.write_text(json.dumps(report))
+        out[name] = (path, json.loads(done.read_text()))
+    return {name: out[name] for name in DOMAINS}
 
 
 class _VariedEpisode:

@@ -46,6 +46,7 @@ def _run(method_name, domain_name, ws_path: Path, out: Path, train_cfg=None, ban
     return method, run
 
 
+@pytest.mark.slow  # every method x domain through the loop: 82 s of the quick loop's 336 s
 @pytest.mark.parametrize("domain_name", DOMAINS)
 @pytest.mark.parametrize("method_name", known_methods())
 def test_two_steps_change_parameters_and_spend_the_budget(method_name, domain_name, warmstarts, seeded_banks, tmp_path):
@@ -91,6 +92,7 @@ def _strip_time(recs):
     return [{k: v for k, v in r.items() if k not in drop} for r in recs]
 
 
+@pytest.mark.slow  # three runs per method: 55 s
 @pytest.mark.parametrize("method_name", known_methods())
 def test_resume_after_interruption_matches_uninterrupted_run(method_name, warmstarts, seeded_banks, tmp_path):
     domain_name = "tooluse"
@@ -247,6 +249,7 @@ def test_inner_curve_points_evaluate_a_prefix_of_the_held_out_tasks(warmstarts, 
         replace(cfg, curve_eval_episodes=cfg.eval_episodes + 1)
 
 
+@pytest.mark.slow  # a run evaluated on HumanEval in the sandbox
 def test_held_out_evaluation_on_a_benchmark_domain(warmstarts, tmp_path):
     """With ``heldout_domain`` (the real profile: train on code, evaluate on HumanEval) every held-out
     evaluation plays the benchmark's test problems, while training samples the domain's own tasks."""

@@ -75,6 +75,7 @@ def test_a_conversion_that_changes_the_model_leaves_nothing_behind(smollm2, tmp_
     assert not (tmp_path / "model.partial").exists()
 
 
+@pytest.mark.slow  # loads SmolLM2's tokenizer from the GGUF file
 def test_incremental_chat_encoding_matches_the_real_models_template():
     """The rollout engine's piecewise ChatML ids equal SmolLM2's own ``apply_chat_template`` on
     opening prompts (with the template's default system message) and on whole multi-turn expert

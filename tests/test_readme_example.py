@@ -60,6 +60,7 @@ def test_the_builtin_methods_are_found_by_their_files():
     assert not any(m.startswith("methods.core") for m in registry.method_modules())
 
 
+@pytest.mark.slow  # the contract tests it delegates to are slow
 @pytest.mark.parametrize("domain_name", DOMAINS)
 def test_the_example_passes_the_contract(domain_name, rloo_dropped_in, warmstarts, seeded_banks, tmp_path):
     test_contract.test_two_steps_change_parameters_and_spend_the_budget(
@@ -67,6 +68,7 @@ def test_the_example_passes_the_contract(domain_name, rloo_dropped_in, warmstart
     )
 
 
+@pytest.mark.slow
 def test_the_example_resumes_exactly(rloo_dropped_in, warmstarts, seeded_banks, tmp_path):
     test_contract.test_resume_after_interruption_matches_uninterrupted_run("rloo", warmstarts, seeded_banks, tmp_path)
 

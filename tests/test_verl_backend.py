@@ -219,6 +219,7 @@ def small_job():
     return resolve_job(cfg, "code", "grpo")
 
 
+@pytest.mark.slow  # verl's RLHFDataset over the exported parquet
 def test_export_reads_back_through_verl_dataset(small_job, tmp_path):
     from omegaconf import OmegaConf
     from transformers import AutoTokenizer

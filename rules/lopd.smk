@@ -18,7 +18,7 @@ rule coldstart:
     conda:
         "../envs/suite.yaml"
     shell:
-        "python -m methods.cli coldstart --job {params.job} --seed {wildcards.seed} "
+        "{CLI} coldstart --job {params.job} --seed {wildcards.seed} "
         "--warmstart {params.ws} --bank {input.bank} --out {params.out} --threads {threads} > {log} 2>&1"
 
 

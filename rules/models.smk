@@ -14,4 +14,4 @@ rule pretrained_model:
     conda:
         "../envs/suite.yaml"
     shell:
-        "python -m methods.cli convert-model --model {wildcards.model} --out {output} --threads {threads} > {log} 2>&1"
+        "{CLI} convert-model --model {wildcards.model} --out {output} --threads {threads} > {log} 2>&1"

@@ -107,7 +107,7 @@ rule testbed_probe:
     conda:
         "../envs/suite.yaml"
     shell:
-        "python -m methods.cli testbed --job {params.job} --seed {params.seed} --warmstart {params.ws} {params.bank} "
+        "{CLI} testbed --job {params.job} --seed {params.seed} --warmstart {params.ws} {params.bank} "
         "--n-retrieve {params.n_retrieve} --out {output} --threads {threads} > {log} 2>&1"
 
 

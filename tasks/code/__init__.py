@@ -31,12 +31,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 from tasks.base import Episode, StepResult, Task, TaskDomain, Turn, register_domain
+from tasks.cache import cached, source_digest
 from tasks.code.families import CONVENTIONS, PROJECTS, TEMPLATES, render_reference
 from tasks.code.generator import applied_conventions, generate, project_templates
 from tasks.sandbox import ExecResult, Sandbox, default_sandbox
+
+#: what the splits are generated from: a cached split is reused only while these are unchanged
+_SOURCES = source_digest([*Path(__file__).parent.glob("*.py"), Path(__file__).parents[1] / "base.py"])
 
 __all__ = [
     "CodeDomain",
@@ -179,7 +184,12 @@ class CodeDomain(SandboxJudged, TaskDomain):
             raise ValueError(f"unknown split {split!r}; expected one of {', '.join(_DEFAULT_SIZES)}")
         n = _DEFAULT_SIZES[split] if n is None else n
         if len(self._cache.get(split, ())) < n:
-            self._cache[split] = [self._task(split, i, t) for i, t in enumerate(generate(self.seed, split, n))]
+            self._cache[split] = cached(  # 5,000 tasks: 2.7 s to generate, 0.1 s to load (tasks/cache.py)
+                "code_tasks",
+                (self.name, self.seed, split, n, self.attempts),
+                _SOURCES,
+                lambda: [self._task(split, i, t) for i, t in enumerate(generate(self.seed, split, n))],
+            )
         return self._cache[split][:n]
 
     def _task(self, split: str, i: int, t: dict) -> Task:

@@ -16,7 +16,7 @@ rule bank:
     conda:
         "../envs/suite.yaml"
     shell:
-        "{CLI} bank --job {params.job} --seed {params.seed} "
+        "python -m methods.core.forkserver methods.cli bank --job {params.job} --seed {params.seed} "
         "--warmstart {params.ws} --out {params.out} --threads {threads} > {log} 2>&1"
 
 
@@ -40,5 +40,5 @@ rule retrieved_eval:
     conda:
         "../envs/suite.yaml"
     shell:
-        "{CLI} retrieved-eval --job {params.job} --seed {params.seed} --warmstart {params.ws} "
+        "python -m methods.core.forkserver methods.cli retrieved-eval --job {params.job} --seed {params.seed} --warmstart {params.ws} "
         "--bank {input.bank} --n-retrieve {params.n_retrieve} --out {output} --threads {threads} > {log} 2>&1"

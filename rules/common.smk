@@ -20,9 +20,9 @@ OUT = f"results/{PROFILE}"  # every output of this profile
 BACKEND = profile_section(config).get("backend", "suite")  # who trains the runs: the suite's loop, or verl (rules/verl.smk)
 BACKEND_OPTIONS = profile_section(config).get("backend_options") or {}
 HEADLINE = config.get("headline_profile", PROFILE)
-# The jobs that import torch start from a warm process that has imported torch and transformers
-# already (methods/core/forkserver.py; LOPD_FORKSERVER=0 starts each as a fresh interpreter).
-CLI = "python -m methods.core.forkserver methods.cli"  # the profile results/table1.* and results/report.md show
+# The jobs that import torch run `python -m methods.core.forkserver methods.cli ...`: they start from a warm
+# process that has imported torch and transformers already (methods/core/forkserver.py;
+# LOPD_FORKSERVER=0 starts each as a fresh interpreter).  # the profile results/table1.* and results/report.md show
 
 
 wildcard_constraints:

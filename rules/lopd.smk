@@ -18,7 +18,7 @@ rule coldstart:
     conda:
         "../envs/suite.yaml"
     shell:
-        "{CLI} coldstart --job {params.job} --seed {wildcards.seed} "
+        "python -m methods.core.forkserver methods.cli coldstart --job {params.job} --seed {wildcards.seed} "
         "--warmstart {params.ws} --bank {input.bank} --out {params.out} --threads {threads} > {log} 2>&1"
 
 

@@ -14,4 +14,4 @@ rule pretrained_model:
     conda:
         "../envs/suite.yaml"
     shell:
-        "{CLI} convert-model --model {wildcards.model} --out {output} --threads {threads} > {log} 2>&1"
+        "python -m methods.core.forkserver methods.cli convert-model --model {wildcards.model} --out {output} --threads {threads} > {log} 2>&1"

@@ -107,7 +107,7 @@ rule testbed_probe:
     conda:
         "../envs/suite.yaml"
     shell:
-        "{CLI} testbed --job {params.job} --seed {params.seed} --warmstart {params.ws} {params.bank} "
+        "python -m methods.core.forkserver methods.cli testbed --job {params.job} --seed {params.seed} --warmstart {params.ws} {params.bank} "
         "--n-retrieve {params.n_retrieve} --out {output} --threads {threads} > {log} 2>&1"
 
 

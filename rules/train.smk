@@ -24,5 +24,5 @@ if BACKEND == "suite":  # a verl profile trains its runs with rules/verl.smk ins
         conda:
             "../envs/suite.yaml"
         shell:
-            "{CLI} train --job {params.job} --seed {wildcards.seed} "
+            "python -m methods.core.forkserver methods.cli train --job {params.job} --seed {wildcards.seed} "
             "--warmstart {params.ws} {params.bank} {params.composer} {params.reuse} --out {params.out} --threads {threads} > {log} 2>&1"

@@ -19,7 +19,7 @@ if BACKEND == "verl":
         conda:
             "../envs/suite.yaml"
         shell:
-            "{CLI} export-verl --job {params.job} --out {params.out} > {log} 2>&1"
+            "python -m methods.core.forkserver methods.cli export-verl --job {params.job} --out {params.out} > {log} 2>&1"
 
     rule verl_train:
         """One method on one domain and seed through verl's main_ppo (its config generated from the job and
@@ -47,12 +47,12 @@ if BACKEND == "verl":
         conda:
             "../envs/verl.yaml"
         shell:
-            "{CLI} verl-config --job {params.job} --seed {wildcards.seed} --model {params.model} "
+            "python -m methods.core.forkserver methods.cli verl-config --job {params.job} --seed {wildcards.seed} --model {params.model} "
             "--data {params.data} --run {params.run} --gpus {params.gpus} --nodes {params.nodes} "
             "--out {params.run}/main_ppo.yaml > {log} 2>&1 && "
             "PYTHONPATH=$(pwd):$PYTHONPATH VERL_USE_EXTERNAL_MODULES=methods.verl_backend.plugin "
             "VERL_FILE_LOGGER_PATH={params.run}/verl.jsonl python -m verl.trainer.main_ppo "
             "--config-path $(realpath {params.run}) --config-name main_ppo >> {log} 2>&1 && "
-            "{CLI} verl-run-files --job {params.job} --method {wildcards.method} --seed {wildcards.seed} "
+            "python -m methods.core.forkserver methods.cli verl-run-files --job {params.job} --method {wildcards.method} --seed {wildcards.seed} "
             "--verl-log {params.run}/verl.jsonl --val-dir {params.run}/val "
             "--out {params.out} >> {log} 2>&1"

@@ -18,7 +18,7 @@ rule warmstart_stage1:
     conda:
         "../envs/suite.yaml"
     shell:
-        "{CLI} warmstart --job {params.job} --seed {params.seed} "
+        "python -m methods.core.forkserver methods.cli warmstart --job {params.job} --seed {params.seed} "
         "--out {params.out} --threads {threads} > {log} 2>&1"
 
 
@@ -42,7 +42,7 @@ rule warmstart:
     conda:
         "../envs/suite.yaml"
     shell:
-        "{CLI} {params.source} --job {params.job} --seed {params.seed} "
+        "python -m methods.core.forkserver methods.cli {params.source} --job {params.job} --seed {params.seed} "
         "--out {params.out} --threads {threads} > {log} 2>&1"
 
 
@@ -66,7 +66,7 @@ rule base_rebuild:
     conda:
         "../envs/suite.yaml"
     shell:
-        "({CLI} warmstart-stage2 --job {params.job} --seed {params.seed} --stage1 {params.stage1} "
+        "(python -m methods.core.forkserver methods.cli warmstart-stage2 --job {params.job} --seed {params.seed} --stage1 {params.stage1} "
         "--out {params.out} --threads {threads} && "
-        "{CLI} check-base --job {params.job} --seed {params.seed} --warmstart {params.out} "
+        "python -m methods.core.forkserver methods.cli check-base --job {params.job} --seed {params.seed} --warmstart {params.out} "
         "--shipped {params.shipped} --out {output}) > {log} 2>&1"

@@ -8,8 +8,8 @@ the modules on that path (the method modules, :mod:`methods.losses`, :mod:`metho
 ``torch = lazy_import("torch")``: the module object is created at once and executed on the first
 attribute access, by which time a job is running (importlib's ``LazyLoader`` recipe); their
 ``@torch.no_grad()`` is :func:`no_grad`.  Code that needs torch at import time (an ``nn.Module``
-subclass) stays in modules that the methods import inside the functions that use them.  ``tests/test_layout.py`` checks that
-resolving the shipped grid imports neither torch nor transformers.
+subclass) stays in modules that the methods import inside the functions that use them.
+``tests/test_core.py`` checks that resolving the shipped grid loads neither torch nor transformers.
 
 Where torch was imported before (every job entry point, the tests, verl's workers), the real
 module is returned and nothing is deferred.

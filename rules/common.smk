@@ -1,4 +1,5 @@
 # Shared definitions: the validated grid and the paths that encode an experiment.
+import functools
 import json
 import shlex
 import sys
@@ -30,8 +31,13 @@ wildcard_constraints:
     method=r"[^/]+",
 
 
+@functools.cache  # the config is fixed while Snakemake parses: each job is resolved once
+def job_of(domain, method=None):
+    return resolve_job(config, domain, method)
+
+
 def job_json(domain, method=None, stage1=False):
-    job = resolve_job(config, domain, method)
+    job = job_of(domain, method)
     return shlex.quote(json.dumps(stage1_job(job) if stage1 else job, sort_keys=True))
 
 
@@ -47,7 +53,7 @@ def shipped_base(domain):
     if domain not in _SHIPPED:
         from tasks.base import get_domain
 
-        job = resolve_job(config, domain)
+        job = job_of(domain)
         d = get_domain(domain, seed=job["task_seed"], **job["domain_options"])
         path, why = shipped_matches(PROFILE, domain, job, BASE_SEED, d.version)
         d.close()
@@ -57,9 +63,14 @@ def shipped_base(domain):
     return _SHIPPED[domain]
 
 
+@functools.cache
+def _cold_start_key(domain, method):
+    return cold_start_key(config, domain, method)
+
+
 def coldstart_path(domain, method, seed):
     """The cold-started composer a run starts from ([] for methods without one)."""
-    key = cold_start_key(config, domain, method)
+    key = _cold_start_key(domain, method)
     return [f"{OUT}/coldstart/{domain}/{key}/seed{seed}/composer.pt"] if key else []
 
 
@@ -70,7 +81,7 @@ def coldstart_job(domain, key):
 
 def testbed_n_retrieve(domain):
     """Retrieval RL's n_retrieve (the experience check hands the base policy its context); 3 without it."""
-    return resolve_job(config, domain, "retrieval_rl")["method_config"]["n_retrieve"] if "retrieval_rl" in METHODS else 3
+    return job_of(domain, "retrieval_rl")["method_config"]["n_retrieve"] if "retrieval_rl" in METHODS else 3
 
 
 def testbed_uses_bank(domain):

@@ -5,7 +5,7 @@ rule warmstart_stage1:
     With model.checkpoint (a real model, e.g. results/models/<name> from rule pretrained_model) the
     checkpoint is the warm start, and this job evaluates it."""
     input:
-        lambda w: [c] if (c := resolve_job(config, w.domain)["model"]["checkpoint"]) else [],
+        lambda w: [c] if (c := job_of(w.domain)["model"]["checkpoint"]) else [],
     output:
         f"{OUT}/warmstart_stage1/{{domain}}/eval.json",
     log:

@@ -117,3 +117,25 @@ def test_a_training_run_writes_the_same_metrics_through_the_server(warmstarts, t
         lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         runs[how] = [{k: v for k, v in r.items() if not k.endswith("_s")} for r in lines]
     assert runs["forked"] == runs["direct"] and len(runs["direct"]) >= 3
+
+
+def test_a_job_stops_when_its_server_dies(tmp_path, env):
+    """A job whose server is killed is stopped (it has lost its status channel), and its client
+    reports a failure instead of hanging."""
+    (tmp_path / "probe_mod.py").write_text("import json\n" + PROBE)
+    own = {**env, "FORKSERVER_TEST": uuid.uuid4().hex}  # a server of its own: this test kills it
+    client = subprocess.Popen(
+        [sys.executable, "-m", "methods.core.forkserver", "probe_mod", "sleep"],
+        cwd=tmp_path,
+        env=own,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    job = json.loads(client.stdout.readline())
+    os.kill(job["ppid"], signal.SIGKILL)
+    assert client.wait(timeout=30) == 1
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and Path(f"/proc/{job['pid']}").exists():
+        time.sleep(0.1)
+    assert not Path(f"/proc/{job['pid']}").exists() or "Z" in Path(f"/proc/{job['pid']}/stat").read_text().split()[2]

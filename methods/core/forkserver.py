@@ -13,7 +13,8 @@ none.  It hands over its arguments, working directory, environment and standard 
 file descriptors, over the socket).  The server forks a child that runs the module as
 ``python -m`` would, with the client's streams, and the client waits for the child and exits
 with its status.  Signals that reach the client (Snakemake cancelling a job) are forwarded to
-the child, and a child whose client disappears is terminated.
+the child; a child whose client disappears is terminated, and so is one whose server dies (its
+client then exits with status 1).
 
 - **Preloaded:** only third-party libraries.  The server never imports the suite's own modules
   (beyond this one), so each child imports them fresh and an edit takes effect at the next job.
@@ -188,6 +189,17 @@ def run(module: str, args: list[str]) -> int:
 
 
 # --- server -------------------------------------------------------------------------------------
+def _die_with_parent() -> None:
+    """SIGTERM this process when the server dies (Linux's PR_SET_PDEATHSIG): a job whose server is
+    gone has lost its client's status channel, and must not go on writing outputs unobserved."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _child(request: dict, fds: list[int], keep: list) -> int:
     """In the forked child: run ``python -m module`` with the client's streams and directory; returns
     its exit status."""
@@ -196,6 +208,7 @@ def _child(request: dict, fds: list[int], keep: list) -> int:
             obj.close()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
+        _die_with_parent()
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)
@@ -273,11 +286,13 @@ def serve(key: str) -> None:
             sock = event.fileobj
             if sock is listener:
                 conn, _ = listener.accept()
+                conn.settimeout(10.0)  # a client sends its request at once; one that does not is dropped
                 try:
                     request, fds = _recv(conn, with_fds=3)
                 except (ConnectionError, OSError, ValueError):
                     conn.close()
                     continue
+                conn.settimeout(None)
                 pid = os.fork()
                 if pid == 0:
                     _exit(_child(request, fds, [sel, listener, conn, *jobs.values()]))

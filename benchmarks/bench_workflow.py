@@ -81,7 +81,11 @@ def smoke_time(clone: Path) -> dict:
     if res.returncode:
         raise SystemExit(f"the smoke pipeline failed:\n{res.stderr[-3000:]}")
     done = [line for line in res.stderr.splitlines() if "steps (100%) done" in line]
-    return {"command": " ".join(cmd), "seconds": round(t, 1), "jobs": done[-1].split(" of ")[-1].split()[0] if done else None}
+    return {
+        "command": " ".join(cmd),
+        "seconds": round(t, 1),
+        "jobs": done[-1].split(" of ")[-1].split()[0] if done else None,
+    }
 
 
 def main(argv=None) -> None:

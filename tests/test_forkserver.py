@@ -37,7 +37,13 @@ raise SystemExit(int(sys.argv[1]))
 def env() -> dict[str, str]:
     """The environment of this module's jobs: its own server (the environment is part of the
     server's key), shared by the tests here and gone 10 s after its last job."""
-    return {**os.environ, "PYTHONPATH": str(ROOT), "LOPD_FORKSERVER_IDLE_S": "10", "PROBE": "x", "FORKSERVER_TEST": uuid.uuid4().hex}
+    return {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "LOPD_FORKSERVER_IDLE_S": "10",
+        "PROBE": "x",
+        "FORKSERVER_TEST": uuid.uuid4().hex,
+    }
 
 
 def _client(tmp_path: Path, env: dict, *args: str, **kw):
@@ -139,3 +145,12 @@ def test_a_job_stops_when_its_server_dies(tmp_path, env):
     while time.monotonic() < deadline and Path(f"/proc/{job['pid']}").exists():
         time.sleep(0.1)
     assert not Path(f"/proc/{job['pid']}").exists() or "Z" in Path(f"/proc/{job['pid']}/stat").read_text().split()[2]
+
+
+def test_a_server_that_fails_to_start_leaves_the_job_to_run_directly(tmp_path, env):
+    broken = {**env, "FORKSERVER_TEST": uuid.uuid4().hex, "LOPD_FORKSERVER_IDLE_S": "not a number"}
+    t0 = time.monotonic()
+    res = _client(tmp_path, broken, "5")
+    assert res.returncode == 5 and json.loads(res.stdout)["argv"] == ["5"]
+    assert "running it directly" in res.stderr
+    assert time.monotonic() - t0 < 60  # not the 90 s a client waits for a server that is still starting

@@ -132,10 +132,10 @@ def _connect(address: str) -> socket.socket | None:
         return None
 
 
-def _start_server(key: str) -> None:
+def _start_server(key: str) -> subprocess.Popen:
     log = Path(tempfile.gettempdir()) / f"lopd-bench-forkserver-{key}.log"
     with open(log, "ab") as err:
-        subprocess.Popen(
+        return subprocess.Popen(
             [sys.executable, "-m", "methods.core.forkserver", "--serve", key],
             cwd=str(Path(__file__).resolve().parents[2]),
             stdin=subprocess.DEVNULL,
@@ -153,13 +153,18 @@ def run(module: str, args: list[str]) -> int:
     key = _key(env)
     sock = _connect(_address(key))
     if sock is None:
-        _start_server(key)
+        server = _start_server(key)
         deadline = time.monotonic() + START_TIMEOUT_S
         while sock is None and time.monotonic() < deadline:
             time.sleep(0.05)
             sock = _connect(_address(key))
+            if sock is None and server.poll() is not None:  # it exited: another one won the address, or it failed
+                deadline = min(deadline, time.monotonic() + 1.0)
         if sock is None:
-            print(f"forkserver: no server after {START_TIMEOUT_S:.0f} s; running {module} directly", file=sys.stderr)
+            print(
+                f"forkserver: no server to run {module} (see its log in {tempfile.gettempdir()}); running it directly",
+                file=sys.stderr,
+            )
             _direct(module, args)
     with sock:
         for s in (sys.stdout, sys.stderr):
@@ -167,9 +172,9 @@ def run(module: str, args: list[str]) -> int:
         _send(sock, {"module": module, "args": args, "cwd": os.getcwd(), "env": env}, [0, 1, 2])
         try:
             reply, _ = _recv(sock)
-        except ConnectionError:
-            print("forkserver: the server closed the connection before starting the job", file=sys.stderr)
-            return 1
+        except (ConnectionError, OSError):  # no job was started: running it here runs it once
+            print(f"forkserver: the server went away before starting {module}; running it directly", file=sys.stderr)
+            _direct(module, args)
         pid = reply["pid"]
 
         def forward(signum, frame):
@@ -261,6 +266,7 @@ def _exit(code: int) -> None:
 
 def serve(key: str) -> None:
     """Preload, listen on the key's address and fork a child per request until idle."""
+    idle_s = float(os.environ.get("LOPD_FORKSERVER_IDLE_S", IDLE_S))
     t0 = time.perf_counter()
     import importlib
 
@@ -276,7 +282,6 @@ def serve(key: str) -> None:
         return  # another client started one first
     listener.listen(64)
     print(f"forkserver {key}: ready after {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
-    idle_s = float(os.environ.get("LOPD_FORKSERVER_IDLE_S", IDLE_S))
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ)
     jobs: dict[int, socket.socket] = {}  # child pid -> its client's connection

@@ -52,6 +52,28 @@ def _client(tmp_path: Path, env: dict, *args: str, **kw):
     return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, **kw)
 
 
+def _sleeping_job(tmp_path: Path, env: dict) -> tuple[subprocess.Popen, dict]:
+    """A client running a job that sleeps, and the job's own report (its pid and its parent's)."""
+    (tmp_path / "probe_mod.py").write_text("import json\n" + PROBE)
+    client = subprocess.Popen(
+        [sys.executable, "-m", "methods.core.forkserver", "probe_mod", "sleep"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    return client, json.loads(client.stdout.readline())
+
+
+def _ends(pid: int, within_s: float = 10.0) -> bool:
+    """Whether process ``pid`` is gone (or a zombie) within ``within_s`` seconds."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+        time.sleep(0.1)
+    return not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
 def test_arguments_directory_environment_streams_and_status_pass_through(tmp_path, env):
     first = _client(tmp_path, env, "3")
     second = _client(tmp_path, env, "0")
@@ -70,23 +92,11 @@ def test_without_the_server_the_client_becomes_the_job(tmp_path, env):
 
 
 def test_a_signal_to_the_client_stops_the_job(tmp_path, env):
-    (tmp_path / "probe_mod.py").write_text("import json\n" + PROBE)
-    client = subprocess.Popen(
-        [sys.executable, "-m", "methods.core.forkserver", "probe_mod", "sleep"],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    job = json.loads(client.stdout.readline())
+    client, job = _sleeping_job(tmp_path, env)
     assert job["ppid"] != client.pid  # forked by the server, not the client's own process
     client.send_signal(signal.SIGTERM)
     assert client.wait(timeout=30) == 128 + signal.SIGTERM
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and Path(f"/proc/{job['pid']}").exists():
-        time.sleep(0.1)
-    assert not Path(f"/proc/{job['pid']}").exists() or "Z" in Path(f"/proc/{job['pid']}/stat").read_text().split()[2]
+    assert _ends(job["pid"])
 
 
 @pytest.mark.slow
@@ -128,23 +138,11 @@ def test_a_training_run_writes_the_same_metrics_through_the_server(warmstarts, t
 def test_a_job_stops_when_its_server_dies(tmp_path, env):
     """A job whose server is killed is stopped (it has lost its status channel), and its client
     reports a failure instead of hanging."""
-    (tmp_path / "probe_mod.py").write_text("import json\n" + PROBE)
     own = {**env, "FORKSERVER_TEST": uuid.uuid4().hex}  # a server of its own: this test kills it
-    client = subprocess.Popen(
-        [sys.executable, "-m", "methods.core.forkserver", "probe_mod", "sleep"],
-        cwd=tmp_path,
-        env=own,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    job = json.loads(client.stdout.readline())
+    client, job = _sleeping_job(tmp_path, own)
     os.kill(job["ppid"], signal.SIGKILL)
     assert client.wait(timeout=30) == 1
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and Path(f"/proc/{job['pid']}").exists():
-        time.sleep(0.1)
-    assert not Path(f"/proc/{job['pid']}").exists() or "Z" in Path(f"/proc/{job['pid']}/stat").read_text().split()[2]
+    assert _ends(job["pid"])
 
 
 def test_a_server_that_fails_to_start_leaves_the_job_to_run_directly(tmp_path, env):

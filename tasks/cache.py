@@ -53,9 +53,7 @@ def cached(kind: str, key: Any, sources: str, build: Callable[[], Any]) -> Any:
     path = root / kind / f"{digest}.pkl"
     try:
         return pickle.loads(path.read_bytes())
-    except FileNotFoundError:
-        pass
-    except Exception:  # unreadable (truncated by a full disk, another pickle protocol): build again
+    except Exception:  # absent, or unreadable (truncated by a full disk, another pickle protocol): build it
         pass
     value = build()
     try:

@@ -140,6 +140,8 @@ def test_a_job_stops_when_its_server_dies(tmp_path, env):
     reports a failure instead of hanging."""
     own = {**env, "FORKSERVER_TEST": uuid.uuid4().hex}  # a server of its own: this test kills it
     client, job = _sleeping_job(tmp_path, own)
+    server = Path(f"/proc/{job['ppid']}/cmdline").read_bytes().split(b"\0")
+    assert b"--serve" in server and job["ppid"] != os.getpid()  # never kill anything but the job's server
     os.kill(job["ppid"], signal.SIGKILL)
     assert client.wait(timeout=30) == 1
     assert _ends(job["pid"])

@@ -316,6 +316,7 @@ def cmd_eval_benchmark(args) -> None:
     device, dtype = resolve_device(args.device)
     model, tokenizer = load_policy(Path(args.model), device=device, dtype=dtype)
     domain = get_domain(args.domain)
+    journal = Path(f"{args.out}.journal.jsonl")  # finished batches; a rerun resumes from it
     try:
         report = benchmark_eval(
             model,
@@ -329,11 +330,13 @@ def cmd_eval_benchmark(args) -> None:
             batch_size=args.batch_size,
             n_tasks=args.tasks,
             seed=args.seed,
+            journal=journal,
         )
     finally:
         domain.close()
     report.update(model=str(args.model), device=str(device), dtype=str(dtype), threads=args.threads, **provenance())
     write_json_atomic(Path(args.out), report)
+    journal.unlink()
     print(f"[eval-benchmark] wrote {args.out}", file=sys.stderr)
 
 
@@ -846,7 +849,11 @@ def main(argv=None) -> None:
     eb.add_argument("--batch-size", type=int, default=32, help="episodes decoded together")
     eb.add_argument("--tasks", type=int, default=None, help="only the first N problems (default: all)")
     eb.add_argument("--seed", type=int, default=0, help="sampling seed")
-    eb.add_argument("--out", required=True, help="output JSON file")
+    eb.add_argument(
+        "--out",
+        required=True,
+        help="output JSON file; finished batches go to OUT.journal.jsonl, so an interrupted run resumes when rerun",
+    )
     eb.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     eb.add_argument("--device", default="auto", help="auto (CUDA with bf16 if present, else CPU fp32), cpu or cuda")
     eb.set_defaults(fn=cmd_eval_benchmark)

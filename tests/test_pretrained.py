@@ -138,3 +138,51 @@ def test_the_real_model_answers_humaneval_through_the_rollout_engine(smollm2):
     sampled = out["sampled"]
     assert sampled["episodes"] == 4 and set(sampled["correct_per_problem"].values()) <= {0, 1, 2}
     assert 0.0 <= sampled["pass@1"] <= sampled["pass@2"] <= 1.0
+
+
+def _without_timings(report: dict) -> dict:
+    return {
+        part: {k: v for k, v in body.items() if k not in ("wall_s", "tokens_per_s")} if isinstance(body, dict) else body
+        for part, body in report.items()
+    }
+
+
+@pytest.mark.slow
+def test_an_interrupted_benchmark_resumes_to_the_same_report(smollm2, tmp_path):
+    """Each finished batch is journalled; a rerun after a crash (here: the journal cut after its
+    first batch, with a torn line after it) plays only the rest and reports what one run would."""
+    from methods.core.benchmark import benchmark_eval
+    from methods.core.tokenizer import ChatEncoder
+    from tasks.base import get_domain
+
+    _, ref, tokenizer = smollm2
+    domain = get_domain("humaneval")
+
+    def run(journal):
+        return benchmark_eval(
+            ref, ChatEncoder(tokenizer), domain, samples=2, ks=(1, 2), max_new_tokens=12, n_tasks=3, batch_size=2,
+            journal=journal,
+        )  # fmt: skip
+
+    try:
+        whole = run(tmp_path / "a.jsonl")
+        lines = (tmp_path / "a.jsonl").read_text().splitlines()
+        assert len(lines) == 1 + 2 + 3  # the settings, 2 greedy batches, 3 sampled batches
+        (tmp_path / "b.jsonl").write_text("\n".join(lines[:2]) + "\n" + lines[2][:40])
+        resumed = run(tmp_path / "b.jsonl")
+    finally:
+        domain.close()
+    assert _without_timings(resumed) == _without_timings(whole)
+    after = (tmp_path / "b.jsonl").read_text().splitlines()
+    assert after[:2] == lines[:2] and len(after) == len(lines)  # the first batch was kept, not played again
+
+
+def test_a_journal_written_under_other_settings_is_refused(tmp_path):
+    from methods.core.benchmark import _Journal
+
+    path = tmp_path / "j.jsonl"
+    _Journal(path, {"samples": 20}).add("humaneval greedy", 0, [{"task_id": "HumanEval/0"}], 1.0)
+    assert _Journal(path, {"samples": 20}).get("humaneval greedy", 0)["records"] == [{"task_id": "HumanEval/0"}]
+    with pytest.raises(SystemExit, match="other settings"):
+        _Journal(path, {"samples": 10})
+    assert len(path.read_text().splitlines()) == 2  # refusing it left it as it was

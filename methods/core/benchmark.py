@@ -8,49 +8,113 @@ numbers are those a trained run's evaluation would give.
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
 from tasks.base import TaskDomain
 
 from .evaluate import mean_se
+from .provenance import write_text_atomic
 from .rollout import Rollout, SamplingConfig, run_episodes
 from .tokenizer import ChatEncoder
 
 __all__ = ["benchmark_eval"]
 
 
-def _play(model, encoder, domain, tasks, sampling, batch_size, seed, label) -> tuple[list[Rollout], float]:
-    """The episodes of ``tasks``, ``batch_size`` at a time (as ``run_episodes`` batches them, so the
-    result is the same), with a progress line per batch."""
-    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-    t0 = time.perf_counter()
-    rollouts: list[Rollout] = []
-    with torch.no_grad():
-        for start in range(0, len(tasks), batch_size):
-            chunk = tasks[start : start + batch_size]
-            rollouts += run_episodes(model, encoder, domain, chunk, None, sampling, generator=gen, batch_size=batch_size)
-            done, elapsed = len(rollouts), time.perf_counter() - t0
-            print(
-                f"[eval-benchmark] {label}: {done}/{len(tasks)} episodes, {elapsed:.0f} s, "
-                f"about {elapsed / done * (len(tasks) - done):.0f} s left",
-                file=sys.stderr,
-                flush=True,
-            )
-    return rollouts, time.perf_counter() - t0
-
-
-def _speed(rollouts: Sequence[Rollout], wall_s: float) -> dict:
-    tokens = sum(r.generated_tokens for r in rollouts)
+def _record(r: Rollout) -> dict:
+    """What the report keeps of one episode (and what the journal stores)."""
     return {
-        "episodes": len(rollouts),
+        "task_id": r.task.task_id,
+        "reward": r.reward,
+        "feedback": r.feedback[:300],
+        "answer": r.episode.turns[0].action if r.episode.turns else "",
+        "generated_tokens": r.generated_tokens,
+        "truncated": bool(r.truncated),
+    }
+
+
+class _Journal:
+    """Completed batches of a long evaluation, one JSON line each, so that an interrupted run
+    resumes where it stopped.  The first line fingerprints the settings; a journal written under
+    other settings is refused rather than mixed in.  A last line cut short by a crash is dropped."""
+
+    def __init__(self, path: Path | None, fingerprint: dict):
+        self.path, self.done = path, {}
+        if path is None:
+            return
+        rows: list[dict] = []
+        for line in path.read_text().splitlines() if path.exists() else []:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                break  # a torn last write; everything before it is whole
+        if rows and rows[0].get("fingerprint") != fingerprint:
+            raise SystemExit(
+                f"[eval-benchmark] {path} was written with other settings ({rows[0].get('fingerprint')}); "
+                "delete it or pass another --out"
+            )
+        rows = rows or [{"fingerprint": fingerprint}]
+        self.done = {(row["label"], row["start"]): row for row in rows[1:]}
+        # whole lines only, so that a torn line never precedes the ones appended next
+        write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+    def get(self, label: str, start: int) -> dict | None:
+        return self.done.get((label, start))
+
+    def add(self, label: str, start: int, records: list[dict], wall_s: float) -> None:
+        if self.path is None:
+            return
+        with self.path.open("a") as f:
+            f.write(json.dumps({"label": label, "start": start, "wall_s": wall_s, "records": records}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _play(model, encoder, domain, tasks, sampling, batch_size, seed, label, journal) -> tuple[list[dict], float]:
+    """The episodes of ``tasks``, ``batch_size`` at a time, with a progress line per batch.  Batch
+    ``i`` samples from its own generator seeded with ``(seed, i)``, so a resumed run draws what an
+    uninterrupted one would have."""
+    device = next(model.parameters()).device
+    records: list[dict] = []
+    wall = 0.0
+    for start in range(0, len(tasks), batch_size):
+        chunk = tasks[start : start + batch_size]
+        row = journal.get(label, start)
+        if row is None or [r["task_id"] for r in row["records"]] != [t.task_id for t in chunk]:
+            t0 = time.perf_counter()
+            gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + start // batch_size)
+            with torch.no_grad():
+                played = run_episodes(
+                    model, encoder, domain, chunk, None, sampling, generator=gen, batch_size=batch_size
+                )
+            row = {"records": [_record(r) for r in played], "wall_s": time.perf_counter() - t0}
+            journal.add(label, start, row["records"], row["wall_s"])
+        records += row["records"]
+        wall += row["wall_s"]
+        done = len(records)
+        print(
+            f"[eval-benchmark] {label}: {done}/{len(tasks)} episodes, {wall:.0f} s, "
+            f"about {wall / done * (len(tasks) - done):.0f} s left",
+            file=sys.stderr,
+            flush=True,
+        )
+    return records, wall
+
+
+def _speed(records: Sequence[dict], wall_s: float) -> dict:
+    tokens = sum(r["generated_tokens"] for r in records)
+    return {
+        "episodes": len(records),
         "generated_tokens": tokens,
         "wall_s": round(wall_s, 2),
         "tokens_per_s": round(tokens / max(wall_s, 1e-9), 1),
-        "truncated": sum(r.truncated for r in rollouts),
+        "truncated": sum(r["truncated"] for r in records),
     }
 
 
@@ -67,32 +131,38 @@ def benchmark_eval(
     batch_size: int = 32,
     n_tasks: int | None = None,
     seed: int = 0,
+    journal: Path | None = None,
 ) -> dict:
     """Greedy pass@1 on the first ``n_tasks`` test problems (all by default), and with ``samples`` > 0
     unbiased pass@k for every k in ``ks`` up to ``samples`` from that many samples per problem at
-    ``temperature``.  Per-problem greedy answers and verdicts are kept for inspection."""
+    ``temperature``.  Per-problem greedy answers and verdicts are kept for inspection.  With a
+    ``journal`` path, each finished batch is appended there and a rerun skips those batches."""
     from tasks.humaneval import pass_at_k
 
     was_training = model.training
     model.eval()
     tasks = domain.tasks("test", n_tasks)
     greedy_cfg = SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens, max_seq_len=max_seq_len)
-    greedy, wall = _play(model, encoder, domain, tasks, greedy_cfg, batch_size, seed, f"{domain.name} greedy")
-    mean, se = mean_se([r.reward for r in greedy])
+    fingerprint = {
+        "domain": domain.name,
+        "domain_version": domain.version,
+        "problems": [t.task_id for t in tasks],
+        "samples": samples,
+        "temperature": temperature,
+        "max_new_tokens": max_new_tokens,
+        "max_seq_len": max_seq_len,
+        "batch_size": batch_size,
+        "seed": seed,
+    }
+    log = _Journal(journal, fingerprint)
+    greedy, wall = _play(model, encoder, domain, tasks, greedy_cfg, batch_size, seed, f"{domain.name} greedy", log)
+    mean, se = mean_se([r["reward"] for r in greedy])
     out = {
         "domain": domain.name,
         "domain_version": domain.version,
         "problems": len(tasks),
         "greedy": {"pass@1": mean, "pass@1_se": se, "sampling": vars(greedy_cfg), **_speed(greedy, wall)},
-        "problems_greedy": [
-            {
-                "task_id": r.task.task_id,
-                "reward": r.reward,
-                "feedback": r.feedback[:300],
-                "answer": r.episode.turns[0].action if r.episode.turns else "",
-            }
-            for r in greedy
-        ],
+        "problems_greedy": [{k: r[k] for k in ("task_id", "reward", "feedback", "answer")} for r in greedy],
     }
     print(
         f"[eval-benchmark] {domain.name}: greedy pass@1 {mean:.3f} on {len(tasks)} problems ({wall:.0f} s)",
@@ -101,8 +171,10 @@ def benchmark_eval(
     if samples > 0:
         cfg = SamplingConfig(temperature=temperature, max_new_tokens=max_new_tokens, max_seq_len=max_seq_len)
         repeated = [t for t in tasks for _ in range(samples)]
-        sampled, wall = _play(model, encoder, domain, repeated, cfg, batch_size, seed + 1, f"{domain.name} sampled")
-        correct = [sum(r.reward >= 1.0 for r in sampled[i * samples : (i + 1) * samples]) for i in range(len(tasks))]
+        sampled, wall = _play(
+            model, encoder, domain, repeated, cfg, batch_size, seed + 1, f"{domain.name} sampled", log
+        )
+        correct = [sum(r["reward"] >= 1.0 for r in sampled[i * samples : (i + 1) * samples]) for i in range(len(tasks))]
         n = [samples] * len(tasks)
         out["sampled"] = {
             "samples_per_problem": samples,

@@ -705,6 +705,7 @@ def cmd_verl_config(args) -> None:
         run_dir=args.run,
         n_gpus_per_node=args.gpus,
         nnodes=args.nodes,
+        bank_path=args.bank,
     )
     validate(cfg)
     write_config(cfg, args.out)
@@ -714,7 +715,10 @@ def cmd_verl_config(args) -> None:
 def cmd_verl_run_files(args) -> None:
     from methods.verl_backend.metrics import write_run_files
 
-    summary = write_run_files(_job(args.job), args.method, args.seed, args.verl_log, args.val_dir, args.out)
+    pre = json.loads(Path(args.bank).with_name("bank.json").read_text())["seed_rollouts"] if args.bank else 0
+    summary = write_run_files(
+        _job(args.job), args.method, args.seed, args.verl_log, args.val_dir, args.out, pre_rollouts=pre
+    )
     print(
         f"[verl-run-files] {args.out}: final heldout_reward {summary['final']['heldout_reward']:.3f}", file=sys.stderr
     )
@@ -874,6 +878,9 @@ def main(argv=None) -> None:
     vr.add_argument("--verl-log", required=True, help="verl's file-logger JSONL (VERL_FILE_LOGGER_PATH)")
     vr.add_argument("--val-dir", required=True, help="verl's trainer.validation_data_dir (<step>.jsonl dumps)")
     vr.add_argument("--out", required=True, help="the run directory to write")
+    vr.add_argument(
+        "--bank", default=None, help="the seed bank the run read (its bank.json's rollouts enter the ledger)"
+    )
     vr.set_defaults(fn=cmd_verl_run_files, threads=1)
     vc = sub.add_parser(
         "verl-config",
@@ -886,6 +893,7 @@ def main(argv=None) -> None:
     vc.add_argument("--run", required=True, help="the verl run's directory (log, validation dumps, checkpoints)")
     vc.add_argument("--gpus", type=int, default=1, help="GPUs per node")
     vc.add_argument("--nodes", type=int, default=1, help="nodes")
+    vc.add_argument("--bank", default=None, help="the seed experience bank (methods that read one: retrieval_rl)")
     vc.add_argument("--out", required=True, help="the config YAML to write")
     vc.set_defaults(fn=cmd_verl_config, threads=1)
     args = p.parse_args(argv)

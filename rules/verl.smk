@@ -27,6 +27,7 @@ if BACKEND == "verl":
         input:
             ws=f"{OUT}/warmstart/{{domain}}/eval.json",
             data=rules.verl_data.output,
+            bank=lambda w: [f"{OUT}/bank/{w.domain}/bank.pt"] if uses_bank(config, w.method) else [],
         output:
             f"{OUT}/runs/{{domain}}/{{method}}/seed{{seed}}/summary.json",
         log:
@@ -39,6 +40,7 @@ if BACKEND == "verl":
             out=lambda w: f"{OUT}/runs/{w.domain}/{w.method}/seed{w.seed}",
             gpus=BACKEND_OPTIONS.get("gpus", 1),
             nodes=BACKEND_OPTIONS.get("nodes", 1),
+            bank=lambda w: f"--bank {OUT}/bank/{w.domain}/bank.pt" if uses_bank(config, w.method) else "",
         wildcard_constraints:
             seed=r"\d+",
         threads: 1
@@ -48,11 +50,11 @@ if BACKEND == "verl":
             "../envs/verl.yaml"
         shell:
             "python -m methods.core.forkserver methods.cli verl-config --job {params.job} --seed {wildcards.seed} --model {params.model} "
-            "--data {params.data} --run {params.run} --gpus {params.gpus} --nodes {params.nodes} "
+            "--data {params.data} --run {params.run} --gpus {params.gpus} --nodes {params.nodes} {params.bank} "
             "--out {params.run}/main_ppo.yaml > {log} 2>&1 && "
             "PYTHONPATH=$(pwd):$PYTHONPATH VERL_USE_EXTERNAL_MODULES=methods.verl_backend.plugin "
             "VERL_FILE_LOGGER_PATH={params.run}/verl.jsonl python -m verl.trainer.main_ppo "
             "--config-path $(realpath {params.run}) --config-name main_ppo >> {log} 2>&1 && "
             "python -m methods.core.forkserver methods.cli verl-run-files --job {params.job} --method {wildcards.method} --seed {wildcards.seed} "
             "--verl-log {params.run}/verl.jsonl --val-dir {params.run}/val "
-            "--out {params.out} >> {log} 2>&1"
+            "{params.bank} --out {params.out} >> {log} 2>&1"

@@ -18,7 +18,7 @@ PACKAGES = ("methods", "tasks", "analysis")
 def _pins(lines) -> dict[str, str]:
     out = {}
     for line in lines:
-        m = re.fullmatch(r"([A-Za-z0-9_.\-]+)==(\S+)", line.strip())
+        m = re.fullmatch(r"([A-Za-z0-9_.\-]+)(?:\[[A-Za-z0-9_,\-]+\])?==(\S+)", line.strip())  # extras allowed
         assert m, f"unpinned requirement: {line!r}"
         out[m.group(1).lower()] = m.group(2)
     return out

@@ -508,7 +508,7 @@ def test_verl_profile_jobs_carry_the_backend_and_refuse_methods_without_a_verl_p
     assert job["backend"] == "verl" and job["backend_options"]["gpus"] == 1
     assert "backend" not in resolve_job(dict(cfg, profile="small"), "code", "grpo")  # other profiles' jobs unchanged
     cfg["profiles"]["real-verl"]["methods"] = ["grpo", "opsd"]
-    with pytest.raises(ValueError, match=r"backend verl runs \['grpo'\] so far, not \['opsd'\]"):
+    with pytest.raises(ValueError, match=r"backend verl runs \['grpo', 'retrieval_rl'\] so far, not \['opsd'\]"):
         validate(cfg)
 
 
@@ -528,3 +528,156 @@ def test_verl_profile_dry_run_trains_with_verl():
     assert out.returncode == 0, out.stderr[-3000:]
     rules = set(re.findall(r"^rule (\w+):", out.stdout + out.stderr, re.MULTILINE))
     assert {"verl_data", "verl_train", "table1"} <= rules and "train" not in rules, sorted(rules)
+
+
+# --------------------------------------------------------------------------- retrieval RL
+def _train_rows(domain, n=3):
+    from methods.verl_backend.export import task_rows
+
+    tasks = domain.tasks("train")
+    return [row["extra_info"] for row in task_rows(domain, tasks, "train")[:n]], tasks[:n]
+
+
+def test_bank_service_stages_during_a_step_and_retrieves_after_it(tmp_path):
+    from methods.experience.bank import LeakError
+    from methods.verl_backend.bank import BankService
+    from methods.verl_backend.export import task_rows
+
+    _, domain, _, _ = _domain_and_encoder("tooluse")
+    rows, tasks = _train_rows(domain)
+    service = BankService(n_retrieve=2)  # the suite's default bank settings
+    for row, task in zip(rows[:2], tasks[:2]):
+        expert = domain.expert_trajectory(task)
+        service.stage(row, [(t.action, t.observation) for t in expert.turns], 1.0)
+    assert service.contexts(rows) == [None] * 3  # staged, not yet in the bank: the step's own rollouts see none
+    assert service.commit(step=1) == {"bank/staged": 2, "bank/added": 2, "bank/size": 2}
+    own, other, third = service.contexts(rows)
+    assert tasks[1].prompt in own and tasks[0].prompt not in own  # a task never retrieves its own trajectory
+    assert tasks[0].prompt in other and tasks[0].prompt in third and tasks[1].prompt in third
+    service.stage(rows[2], [("no", None)], 0.0)
+    assert service.commit(step=2)["bank/added"] == 0  # a failure stays out
+    test_row = task_rows(domain, domain.tasks("test", 1), "test")[0]["extra_info"]
+    with pytest.raises(LeakError):
+        service.stage(test_row, [("x", None)], 1.0)
+    assert service.contexts([test_row])[0] is not None  # held-out episodes retrieve from the training bank
+    service.save(str(tmp_path / "bank.pt"))
+    fresh = BankService(n_retrieve=2)
+    assert fresh.load(str(tmp_path / "bank.pt")) == 2 and fresh.contexts(rows) == service.contexts(rows)
+    domain.close()
+
+
+def test_retrieval_agent_loop_reads_the_bank_and_stages_only_training_episodes(tmp_path, monkeypatch):
+    import asyncio
+
+    from omegaconf import OmegaConf
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    from methods.core.rollout import initial_prompt_ids
+    from methods.verl_backend import agent_loop
+    from methods.verl_backend.bank import BankClient, BankService
+    from methods.verl_backend.export import task_rows
+
+    _, domain, encoder, tok = _domain_and_encoder("code")
+    rows, tasks = _train_rows(domain)
+    service = BankService()
+    expert = domain.expert_trajectory(tasks[0])
+    service.stage(rows[0], [(t.action, t.observation) for t in expert.turns], 1.0)
+    service.commit(step=0)
+    monkeypatch.setattr(agent_loop, "bank_client", lambda settings: BankClient(service))
+    trainer = OmegaConf.create(
+        {
+            "actor_rollout_ref": {"rollout": {"prompt_length": 2048, "response_length": 2048}},
+            "lopd_bench": {"retrieval": {"actor": "unused", "n_retrieve": 3}},
+        }
+    )
+    conf = OmegaConf.create({"max_prompt_length": 2048})
+    test_row = task_rows(domain, domain.tasks("test", 1), "test")[0]["extra_info"]
+    for row, task in ((rows[1], tasks[1]), (test_row, domain.tasks("test", 1)[0])):
+        server = _ScriptedServer(_expert_actions(encoder, domain.expert_trajectory(task)))
+        loop = agent_loop.EpisodeAgentLoop(
+            DictConfigWrap(trainer), server, tok, None, RLHFDataset, DictConfigWrap(conf)
+        )
+        out = asyncio.run(loop.run({"temperature": 1.0}, extra_info=row))
+        context = service.contexts([row])[0]
+        assert context and tasks[0].prompt in context
+        assert out.prompt_ids == initial_prompt_ids(encoder, domain, task, context)  # the experience is in the prompt
+        assert server.calls[0][0] == out.prompt_ids and out.extra_fields["context_chars"] == len(context)
+    assert [t.task_id for t, _, _ in service.pending] == [tasks[1].task_id]  # the training episode, not the test one
+    assert service.pending[0][2] == 1.0
+    domain.close()
+
+
+def _retrieval_job(job, seed_tasks=0):
+    return dict(job, method="retrieval_rl", bank=dict(job["bank"], seed_tasks=seed_tasks))
+
+
+def test_main_ppo_config_of_retrieval_rl_runs_the_bank_trainer(tmp_path):
+    from methods.core.config import resolve_job
+    from methods.verl_backend.launch import main_ppo_config, validate
+    from methods.verl_backend.trainer import TRAINER
+
+    job = resolve_job(dict(_suite_config(), profile="real-verl"), "code", "retrieval_rl")
+    kw = {"model_path": "m", "data_dir": tmp_path, "run_dir": tmp_path}
+    cfg = main_ppo_config(job, 1, **kw)
+    validate(cfg)
+    assert cfg.trainer.v1.trainer_mode == TRAINER
+    retrieval = cfg.lopd_bench.retrieval
+    assert retrieval.n_retrieve == job["method_config"]["n_retrieve"] == 3 and retrieval.actor.endswith("seed1")
+    assert retrieval.bank_config == job["bank"] and retrieval.seed is None
+    with pytest.raises(ValueError, match="needs the seeded bank"):
+        main_ppo_config(_retrieval_job(job, seed_tasks=8), 1, **kw)
+    (tmp_path / "bank.pt").write_bytes(b"")
+    seeded = main_ppo_config(_retrieval_job(job, seed_tasks=8), 1, bank_path=tmp_path / "bank.pt", **kw)
+    assert seeded.lopd_bench.retrieval.seed == str((tmp_path / "bank.pt").resolve())
+    assert "lopd_bench" not in main_ppo_config(dict(job, method="grpo"), 1, **kw)  # GRPO: verl's own sync trainer
+
+
+@pytest.mark.slow  # a local Ray cluster
+def test_retrieval_trainer_grows_the_bank_after_each_step_and_resumes_it(tmp_path, monkeypatch):
+    import asyncio
+
+    import ray
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+    from methods.core.config import resolve_job
+    from methods.verl_backend.bank import bank_client
+    from methods.verl_backend.launch import main_ppo_config
+    from methods.verl_backend.trainer import BANK_FILE, RetrievalTrainer, checkpoint_dir
+
+    job = resolve_job(dict(_suite_config(), profile="real-verl"), "code", "retrieval_rl")
+    cfg = main_ppo_config(job, 0, model_path="m", data_dir=tmp_path, run_dir=tmp_path)
+    _, domain, _, _ = _domain_and_encoder("code")
+    rows, tasks = _train_rows(domain, 2)
+    # verl's own step, checkpoint and weight sync need GPUs and servers; the bank's part runs around them
+    monkeypatch.setattr(PPOTrainerSync, "on_init_end", lambda self: None)
+    monkeypatch.setattr(PPOTrainerSync, "step", lambda self, metrics, timing: "batch")
+    monkeypatch.setattr(PPOTrainerSync, "_save_checkpoint", lambda self: None)
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        trainer = RetrievalTrainer(cfg)
+        assert trainer.trainer_mode == "sync" == cfg.trainer.v1.trainer_mode  # verl's sync machinery
+        trainer.global_steps = 0
+        trainer.on_init_end()
+        client = bank_client(cfg.lopd_bench.retrieval)  # what an agent loop finds by name
+        expert = domain.expert_trajectory(tasks[0])
+        asyncio.run(client.stage(rows[0], expert.turns, 1.0))
+        assert asyncio.run(client.context(rows[1])) is None  # not before the step's end
+        trainer.global_steps = 1
+        metrics = {}
+        assert trainer.step(metrics, {}) == "batch"
+        assert metrics == {"bank/staged": 1, "bank/added": 1, "bank/size": 1}
+        assert tasks[0].prompt in asyncio.run(client.context(rows[1]))
+        trainer._save_checkpoint()
+        assert (Path(checkpoint_dir(cfg, 1)) / BANK_FILE).exists()
+        ray.kill(trainer.bank)
+        resumed = RetrievalTrainer(cfg)
+        resumed.global_steps = 1
+        resumed.on_init_end()
+        assert ray.get(resumed.bank.size.remote()) == 1
+        resumed.global_steps = 2
+        with pytest.raises(FileNotFoundError, match="no experience bank"):
+            resumed.on_init_end()
+    finally:
+        ray.shutdown()
+        domain.close()

@@ -7,9 +7,14 @@ What exists so far (``docs/verl.md`` tracks the rest):
   module in each of its processes through the ``verl.plugins`` entry point (``pyproject.toml``).
 * :mod:`.export` -- a domain's train and test splits as verl's RL parquet files, each row naming
   the suite task it renders, so that verl's dataset and the suite's episode see the same task.
+* :mod:`.agent_loop` -- the suite's episode as a verl agent loop.
+* :mod:`.bank` and :mod:`.trainer` -- retrieval RL: the experience bank as a Ray actor that the
+  agent loops query and stage into, and verl's synchronous trainer that grows it after each step.
+* :mod:`.launch` and :mod:`.metrics` -- a job's ``main_ppo`` config, and the suite's run files
+  from a finished verl run.
 
 Nothing here imports verl at package import: ``methods.verl_backend.export`` runs without it.
 """
 
 #: methods with a verl path (a ``backend: verl`` profile accepts only these; ``docs/verl.md``)
-SUPPORTED_METHODS = ("grpo",)
+SUPPORTED_METHODS = ("grpo", "retrieval_rl")

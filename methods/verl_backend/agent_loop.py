@@ -11,6 +11,11 @@ observation as a ``tool`` message), which are not the agent's tokens (``response
 episode's reward is the trajectory's ``reward_score``; its feedback and turn count travel in
 ``extra_fields``.
 
+For retrieval RL (a ``main_ppo`` config with a ``lopd_bench.retrieval`` section), each episode's
+prompt carries the experience retrieved for its task from the run's bank actor
+(:mod:`methods.verl_backend.bank`), and a finished training episode is staged there; the trainer
+adds the staged ones to the bank after the step.
+
 An episode ends when the environment says so, after the task's ``max_turns`` assistant turns, or
 when the response would outgrow ``rollout.response_length`` (then it is cut, as the suite's engine
 cuts at ``max_seq_len``, and scored as it stands).
@@ -28,6 +33,7 @@ from methods.core.rollout import initial_prompt_ids, turn_break_ids
 from methods.core.tokenizer import ChatEncoder
 from tasks.base import Task, TaskDomain
 
+from .bank import bank_client, retrieval_settings
 from .export import AGENT_NAME, task_of_row
 
 __all__ = ["EpisodeAgentLoop", "play_episode"]
@@ -41,10 +47,14 @@ async def play_episode(
     sampling_params: dict[str, Any],
     response_length: int,
     request_id: str | None = None,
+    context: str | None = None,
+    on_finish=None,
 ) -> AgentLoopOutput:
     """Play one episode of ``task`` with ``generate`` (verl's ``server_manager.generate``: prompt ids
-    in, a ``TokenOutput`` with ``token_ids`` and optionally ``log_probs`` out)."""
-    prompt_ids = initial_prompt_ids(encoder, domain, task, None)
+    in, a ``TokenOutput`` with ``token_ids`` and optionally ``log_probs`` out).  ``context`` is the
+    student's context block (retrieval RL's retrieved experience), placed as the suite's rollout
+    engine places it; ``on_finish``, if given, is awaited with the finished episode."""
+    prompt_ids = initial_prompt_ids(encoder, domain, task, context)
     episode = domain.reset(task)
     response: list[int] = []
     mask: list[int] = []
@@ -81,6 +91,8 @@ async def play_episode(
         mask += [0] * len(closing)
         if logprobs is not None:
             logprobs += [0.0] * len(closing)
+    if on_finish is not None:
+        await on_finish(episode)
     return AgentLoopOutput(
         prompt_ids=prompt_ids,
         response_ids=response,
@@ -94,6 +106,7 @@ async def play_episode(
             "turns": len(episode.turns),
             "truncated": truncated,
             "task_id": task.task_id,
+            "context_chars": len(context or ""),
         },
     )
 
@@ -109,7 +122,25 @@ class EpisodeAgentLoop(AgentLoopBase):
         self._domains: dict = {}  # built domains and task indexes, shared by this worker's episodes
 
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
-        domain, task = task_of_row(kwargs["extra_info"], self._domains)
+        row = kwargs["extra_info"]
+        domain, task = task_of_row(row, self._domains)
+        context, on_finish = None, None
+        retrieval = retrieval_settings(self.config)
+        if retrieval is not None:  # retrieval RL: experience in the student's prompt; training episodes grow the bank
+            bank = bank_client(retrieval)
+            context = await bank.context(row)
+            if task.split == "train":
+
+                async def on_finish(episode):
+                    await bank.stage(row, episode.turns, float(episode.reward()))
+
         return await play_episode(
-            self.server_manager.generate, self.encoder, domain, task, sampling_params, self.response_length
+            self.server_manager.generate,
+            self.encoder,
+            domain,
+            task,
+            sampling_params,
+            self.response_length,
+            context=context,
+            on_finish=on_finish,
         )

@@ -8,7 +8,7 @@ is ``train.rollouts_per_step``, and ``trainer.total_training_steps`` x that is
 ``train.rollout_budget``.  verl validates before training and every ``train.eval_every`` rollouts,
 dumping per-episode scores for the metrics adapter (:mod:`.metrics`).
 
-Only the methods whose verl path exists are accepted (GRPO today; ``docs/verl.md``).
+Only the methods whose verl path exists are accepted (GRPO and retrieval RL today; ``docs/verl.md``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from methods.verl_backend import SUPPORTED_METHODS
 
@@ -47,12 +47,15 @@ def main_ppo_config(
     n_gpus_per_node: int = 1,
     nnodes: int = 1,
     rollout_engine: str = "vllm",
+    bank_path: str | Path | None = None,
 ) -> DictConfig:
     """verl's ``main_ppo`` config for ``job`` (a resolved job of a supported method).
 
     ``data_dir`` holds ``export-verl``'s parquet files; ``run_dir`` gets verl's log
     (``verl.jsonl``: set ``VERL_FILE_LOGGER_PATH`` to it), validation dumps (``val/``) and
-    checkpoints."""
+    checkpoints.  A method that reads an experience bank (retrieval RL) gets verl's synchronous
+    trainer with the suite's bank (:mod:`.trainer`), seeded from ``bank_path`` (the ``bank`` rule's
+    file; required when the profile seeds the bank, ``bank.seed_tasks`` > 0)."""
     import verl
     from hydra import compose, initialize_config_dir
 
@@ -117,12 +120,36 @@ def main_ppo_config(
         "trainer.nnodes": nnodes,
         "trainer.save_freq": _steps(job, "eval_every"),
     }
+    if method == "retrieval_rl":
+        overrides.update(_retrieval(job, seed, bank_path))
     config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
     with initialize_config_dir(config_dir=config_dir, version_base=None):
         cfg = compose("ppo_trainer")
-    for key, value in overrides.items():
-        OmegaConf.update(cfg, key, value, merge=False)
+    with open_dict(cfg):  # the suite's own section (lopd_bench) is not in verl's schema
+        for key, value in overrides.items():
+            OmegaConf.update(cfg, key, value, merge=False)
     return cfg
+
+
+def _retrieval(job: dict, seed: int, bank_path: str | Path | None) -> dict:
+    """Retrieval RL's settings: the suite's trainer and the bank its agent loops query."""
+    from methods.verl_backend.trainer import TRAINER
+
+    bank, mc = job["bank"], job["method_config"]
+    if bank["seed_tasks"] > 0 and (bank_path is None or not Path(bank_path).exists()):
+        raise ValueError(
+            f"bank.seed_tasks is {bank['seed_tasks']}, so retrieval_rl needs the seeded bank (--bank); got {bank_path!r}"
+        )
+    return {
+        "trainer.v1.trainer_mode": TRAINER,
+        "lopd_bench.retrieval": {
+            "actor": f"lopd_bench_bank/{job['domain']}/retrieval_rl/seed{seed}",
+            "n_retrieve": int(mc["n_retrieve"]),
+            "allow_self_retrieval": bool(mc["allow_self_retrieval"]),
+            "bank_config": dict(bank),
+            "seed": str(Path(bank_path).resolve()) if bank["seed_tasks"] > 0 else None,
+        },
+    }
 
 
 def validate(cfg: DictConfig) -> None:

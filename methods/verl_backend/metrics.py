@@ -34,6 +34,8 @@ TRAIN_FIELDS = {
     "train_gen_tokens": "response_length/mean",
     "approx_kl": "actor/ppo_kl",
     "clipfrac": "actor/pg_clipfrac",
+    "bank_added": "bank/added",  # retrieval RL's trainer (methods/verl_backend/trainer.py)
+    "bank_size": "bank/size",
 }
 
 
@@ -100,9 +102,12 @@ def write_run_files(
     verl_log: str | Path,
     val_dir: str | Path,
     out_dir: str | Path,
+    pre_rollouts: int = 0,
 ) -> dict:
     """Write ``metrics.jsonl`` and ``summary.json`` (in that order, each atomically: a reader that
-    finds ``summary.json`` finds the metrics too) for one verl run of ``method`` under ``job``."""
+    finds ``summary.json`` finds the metrics too) for one verl run of ``method`` under ``job``.
+    ``pre_rollouts`` are the rollouts that seeded the run's experience bank (the ``bank`` rule's
+    ``bank.json``), counted in the ledger as the suite's loop counts them."""
     from tasks.base import get_domain
 
     budget = int(job["train"]["rollout_budget"])
@@ -143,7 +148,7 @@ def write_run_files(
             "rollouts": used,
             "rollout_budget": budget,
             "steps": len(trains),
-            "pre_rollouts": 0,
+            "pre_rollouts": int(pre_rollouts),
             "wall_s": trains[-1]["wall_s"] if trains else 0.0,
         },
         "final": {k: v for k, v in evals[-1].items() if k.startswith("heldout_")},

@@ -160,5 +160,6 @@ def register() -> None:
 
 register()
 
-# the agent loop registers itself (``lopd_bench_episode``) in the process that plays the episodes
-from methods.verl_backend import agent_loop  # noqa: E402, F401
+# the agent loop registers itself (``lopd_bench_episode``) in the process that plays the episodes,
+# and retrieval RL's trainer (``trainer.v1.trainer_mode: lopd_bench_retrieval``) in the driver
+from methods.verl_backend import agent_loop, trainer  # noqa: E402, F401

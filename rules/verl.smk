@@ -4,6 +4,7 @@
 # suite's plugin through VERL_USE_EXTERNAL_MODULES (the entry point works only where the suite is
 # installed), with the checkout on PYTHONPATH. UNTESTED on a GPU so far.
 if BACKEND == "verl":
+    from methods.verl_backend import TEACHER_CONTEXT  # distilling methods: their teacher has GPUs of its own
 
     rule verl_data:
         """A domain's training split and held-out tasks as verl's RL parquet files."""
@@ -45,7 +46,9 @@ if BACKEND == "verl":
             seed=r"\d+",
         threads: 1
         resources:
-            gpu=BACKEND_OPTIONS.get("gpus", 1),
+            # a distilling method's frozen teacher has GPUs of its own (methods/verl_backend/launch.py)
+            gpu=lambda w: BACKEND_OPTIONS.get("gpus", 1)
+            + (BACKEND_OPTIONS.get("teacher_gpus", 1) if w.method in TEACHER_CONTEXT else 0),
         conda:
             "../envs/verl.yaml"
         shell:

@@ -486,7 +486,7 @@ def test_main_ppo_config_refuses_what_verl_cannot_run_yet(small_job, tmp_path):
 
     kw = {"model_path": "m", "data_dir": tmp_path, "run_dir": tmp_path}
     with pytest.raises(ValueError, match="has no verl path yet"):
-        main_ppo_config(dict(small_job, method="opsd"), 0, **kw)
+        main_ppo_config(dict(small_job, method="sdpo"), 0, **kw)
     odd = dict(
         small_job, train=dict(small_job["train"], rollout_budget=small_job["train"]["rollouts_per_step"] * 3 + 1)
     )
@@ -507,8 +507,10 @@ def test_verl_profile_jobs_carry_the_backend_and_refuse_methods_without_a_verl_p
     job = resolve_job(cfg, "code", "grpo")
     assert job["backend"] == "verl" and job["backend_options"]["gpus"] == 1
     assert "backend" not in resolve_job(dict(cfg, profile="small"), "code", "grpo")  # other profiles' jobs unchanged
-    cfg["profiles"]["real-verl"]["methods"] = ["grpo", "opsd"]
-    with pytest.raises(ValueError, match=r"backend verl runs \['grpo', 'retrieval_rl'\] so far, not \['opsd'\]"):
+    cfg["profiles"]["real-verl"]["methods"] = ["grpo", "sdpo"]
+    with pytest.raises(
+        ValueError, match=r"backend verl runs \['grpo', 'retrieval_rl', 'opsd'\] so far, not \['sdpo'\]"
+    ):
         validate(cfg)
 
 
@@ -681,3 +683,144 @@ def test_retrieval_trainer_grows_the_bank_after_each_step_and_resumes_it(tmp_pat
     finally:
         ray.shutdown()
         domain.close()
+
+
+# --------------------------------------------------------------------------- OPSD: the privileged-context teacher
+class _Teacher:
+    """A stand-in for verl's teacher server manager, in its layout: row ``i`` holds the top-k of the
+    token at ``i + 1`` (here ids ``10 * that token + j`` and log-probs from its position), and a
+    dummy last row (``extract_prompt_logprobs``), so that a row shows which token it predicts."""
+
+    def __init__(self, k=3):
+        self.k, self.calls = k, []
+
+    async def compute_teacher_logprobs_single(self, sequence_ids, **_):
+        self.calls.append(list(sequence_ids))
+        nxt = list(sequence_ids[1:])
+        ids = torch.tensor([[tok * 10 + j for j in range(self.k)] for tok in nxt] + [[0] * self.k], dtype=torch.int32)
+        logprobs = torch.tensor(
+            [[-(i + 1) / 100 - j / 10 for j in range(self.k)] for i in range(len(nxt))] + [[0.0] * self.k]
+        )
+        return ids, logprobs
+
+
+def _privileged_worker(teacher):
+    from methods.verl_backend.distill import PrivilegedAgentLoopWorker
+
+    worker = object.__new__(PrivilegedAgentLoopWorker)  # verl's own __init__ needs servers; the method needs these
+    worker.distillation_enabled, worker.teacher_key, worker.teacher_server_manager = True, "data_source", teacher
+    worker.tokenizer = type("Tok", (), {"pad_token_id": 0})()
+    return worker
+
+
+def test_privileged_teacher_scores_the_response_after_its_own_prompt_on_the_students_positions():
+    import asyncio
+
+    from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
+    from verl.experimental.teacher_loop.teacher_manager import _pad_teacher_outputs
+
+    from methods.verl_backend.distill import TEACHER_PROMPT
+
+    student_prompt, teacher_prompt, response = [5, 6, 7], [5, 90, 91, 92, 93, 6, 7], [11, 12, 13, 14]
+    teacher = _Teacher()
+
+    def output():
+        return AgentLoopOutput(
+            prompt_ids=student_prompt, response_ids=response, response_mask=[1, 1, 0, 1], num_turns=2,
+            metrics=AgentLoopMetrics(), extra_fields={TEACHER_PROMPT: teacher_prompt},
+        )  # fmt: skip
+
+    out = output()
+    asyncio.run(_privileged_worker(teacher)._compute_teacher_logprobs(out, student_prompt, response, False, {}))
+    assert teacher.calls == [teacher_prompt + response]  # verl's own call, on the privileged sequence
+    assert TEACHER_PROMPT not in out.extra_fields  # consumed: it never reaches the batch
+    ids, logprobs = out.extra_fields["teacher_ids"], out.extra_fields["teacher_logprobs"]
+    whole_ids, whole_lp = asyncio.run(teacher.compute_teacher_logprobs_single(teacher_prompt + response))
+    s, t = len(student_prompt), len(teacher_prompt)
+    assert ids.shape == (s + len(response), 3) == logprobs.shape
+    # the row predicting response token j sits where the student's logits predict it (position s - 1 + j)
+    assert [int(ids[s - 1 + j, 0]) for j in range(len(response))] == [10 * tok for tok in response]
+    torch.testing.assert_close(ids[s - 1 :], whole_ids[t - 1 :])
+    torch.testing.assert_close(logprobs[s - 1 :], whole_lp[t - 1 :])
+    assert not ids[: s - 1].any() and not logprobs[: s - 1].any()  # filler at the other prompt positions, never read
+    padded_ids, _ = _pad_teacher_outputs(ids, logprobs, 8, 6, s, len(response), 0)
+    assert padded_ids.shape == (1, 8 + 6, 3)  # verl's padding takes the aligned rows as they come
+    assert padded_ids[0, 8 - 1 : 8 - 1 + len(response), 0].tolist() == [10 * tok for tok in response]
+    held_out = output()
+    asyncio.run(_privileged_worker(teacher)._compute_teacher_logprobs(held_out, student_prompt, response, True, {}))
+    assert "teacher_ids" not in held_out.extra_fields and TEACHER_PROMPT not in held_out.extra_fields
+    assert len(teacher.calls) == 2  # validation episodes are not scored
+
+
+def test_privileged_manager_runs_the_privileged_worker():
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ
+
+    from methods.verl_backend.distill import PrivilegedAgentLoopManager, PrivilegedAgentLoopWorker
+
+    manager = PrivilegedAgentLoopManager(OmegaConf.create({"actor_rollout_ref": {"rollout": {}, "model": {}}}), None)
+    assert isinstance(manager, AgentLoopManagerTQ)
+    assert manager.agent_loop_workers_class.__ray_actor_class__ is PrivilegedAgentLoopWorker
+
+
+def test_opsd_agent_loop_gives_training_episodes_the_reference_solution_as_the_teachers_prompt():
+    import asyncio
+
+    from omegaconf import OmegaConf
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    from methods.core.distill import expert_trace
+    from methods.core.rollout import initial_prompt_ids
+    from methods.verl_backend.agent_loop import TEACHER_PROMPT, EpisodeAgentLoop
+    from methods.verl_backend.export import task_rows
+
+    _, domain, encoder, tok = _domain_and_encoder("tooluse")
+    trainer = OmegaConf.create(
+        {
+            "actor_rollout_ref": {"rollout": {"prompt_length": 2048, "response_length": 2048}},
+            "lopd_bench": {"teacher_context": "expert"},
+        }
+    )
+    conf = OmegaConf.create({"max_prompt_length": 2048})
+    for split in ("train", "test"):
+        task = domain.tasks(split, 1)[0]
+        row = task_rows(domain, [task], split)[0]["extra_info"]
+        server = _ScriptedServer(_expert_actions(encoder, domain.expert_trajectory(task)))
+        loop = EpisodeAgentLoop(DictConfigWrap(trainer), server, tok, None, RLHFDataset, DictConfigWrap(conf))
+        out = asyncio.run(loop.run({"temperature": 1.0}, extra_info=row))
+        assert out.prompt_ids == initial_prompt_ids(encoder, domain, task, None)  # the student's prompt: GRPO's
+        if split == "train":
+            privileged = initial_prompt_ids(encoder, domain, task, expert_trace(domain, task))
+            assert out.extra_fields[TEACHER_PROMPT] == privileged and len(privileged) > len(out.prompt_ids)
+        else:
+            assert TEACHER_PROMPT not in out.extra_fields  # held-out episodes train nothing
+    domain.close()
+
+
+def test_main_ppo_config_of_opsd_distils_from_the_frozen_base_with_a_privileged_teacher(tmp_path):
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from methods.core.config import resolve_job
+    from methods.verl_backend.launch import main_ppo_config, validate
+
+    job = resolve_job(dict(_suite_config(), profile="real-verl"), "code", "opsd")
+    kw = {"model_path": tmp_path / "base", "data_dir": tmp_path, "run_dir": tmp_path}
+    cfg = main_ppo_config(job, 0, **kw)
+    validate(cfg)
+    distillation = omega_conf_to_dataclass(cfg.distillation)  # verl's own checks of the teacher pool
+    teacher = distillation.teacher_models["default"]
+    assert teacher.model_path == str(tmp_path / "base") and teacher.num_replicas == 1  # the frozen base model
+    loss = cfg.distillation.distillation_loss
+    assert loss.loss_mode == "forward_kl_topk" and not loss.use_task_rewards and not loss.use_policy_gradient
+    assert cfg.actor_rollout_ref.rollout.n == 1 and cfg.data.train_batch_size == job["train"]["rollouts_per_step"]
+    assert cfg.algorithm.adv_estimator == plugin.ADV_ESTIMATOR_KEEP  # single-rollout groups keep their mask
+    assert cfg.lopd_bench.teacher_context == "expert"
+    manager = cfg.actor_rollout_ref.rollout.agent.agent_loop_manager_class
+    assert manager == "methods.verl_backend.distill.PrivilegedAgentLoopManager"
+    with pytest.raises(ValueError, match="verl's teacher servers are frozen"):
+        main_ppo_config(
+            dict(job, method_config=dict(job["method_config"], teacher_source="ema", ema_rate=0.01)), 0, **kw
+        )
+    with pytest.raises(ValueError, match="divergence 'jsd' has no verl path"):
+        main_ppo_config(dict(job, method_config=dict(job["method_config"], divergence="jsd")), 0, **kw)

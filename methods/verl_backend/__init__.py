@@ -17,4 +17,6 @@ Nothing here imports verl at package import: ``methods.verl_backend.export`` run
 """
 
 #: methods with a verl path (a ``backend: verl`` profile accepts only these; ``docs/verl.md``)
-SUPPORTED_METHODS = ("grpo", "retrieval_rl")
+SUPPORTED_METHODS = ("grpo", "retrieval_rl", "opsd")
+#: the distilling methods among them, and the privileged context their (frozen) teacher reads
+TEACHER_CONTEXT = {"opsd": "expert"}

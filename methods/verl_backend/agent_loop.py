@@ -16,6 +16,10 @@ prompt carries the experience retrieved for its task from the run's bank actor
 (:mod:`methods.verl_backend.bank`), and a finished training episode is staged there; the trainer
 adds the staged ones to the bank after the step.
 
+For OPSD (``lopd_bench.teacher_context: expert``), each training episode also carries the prompt
+its teacher reads, the task's reference solution ahead of the task, under :data:`TEACHER_PROMPT`
+(:mod:`methods.verl_backend.distill` scores the response after it).
+
 An episode ends when the environment says so, after the task's ``max_turns`` assistant turns, or
 when the response would outgrow ``rollout.response_length`` (then it is cut, as the suite's engine
 cuts at ``max_seq_len``, and scored as it stands).
@@ -33,7 +37,7 @@ from methods.core.rollout import initial_prompt_ids, turn_break_ids
 from methods.core.tokenizer import ChatEncoder
 from tasks.base import Task, TaskDomain
 
-from .bank import bank_client, retrieval_settings
+from .bank import SECTION, bank_client, retrieval_settings
 from .export import AGENT_NAME, task_of_row
 
 __all__ = ["EpisodeAgentLoop", "play_episode"]
@@ -111,6 +115,17 @@ async def play_episode(
     )
 
 
+#: the ``extra_fields`` key of an episode's teacher prompt ids (methods/verl_backend/distill.py reads it)
+TEACHER_PROMPT = "lopd_bench_teacher_prompt_ids"
+
+
+def teacher_context(config) -> str | None:
+    """The privileged context the teacher reads (``lopd_bench.teacher_context``: ``expert``, the
+    task's reference solution; None: no privileged teacher)."""
+    section = config.get(SECTION) if config is not None else None
+    return section.get("teacher_context") if section is not None else None
+
+
 @register(AGENT_NAME)
 class EpisodeAgentLoop(AgentLoopBase):
     """Plays a row of the exported parquet files as the suite's episode (module docstring)."""
@@ -134,7 +149,7 @@ class EpisodeAgentLoop(AgentLoopBase):
                 async def on_finish(episode):
                     await bank.stage(row, episode.turns, float(episode.reward()))
 
-        return await play_episode(
+        out = await play_episode(
             self.server_manager.generate,
             self.encoder,
             domain,
@@ -144,3 +159,11 @@ class EpisodeAgentLoop(AgentLoopBase):
             context=context,
             on_finish=on_finish,
         )
+        if teacher_context(self.config) == "expert" and task.split == "train":
+            # OPSD: the teacher reads the response after the task's reference solution (methods/verl_backend/distill.py)
+            from methods.core.distill import expert_trace
+
+            out.extra_fields[TEACHER_PROMPT] = initial_prompt_ids(
+                self.encoder, domain, task, expert_trace(domain, task)
+            )
+        return out

@@ -8,7 +8,7 @@ is ``train.rollouts_per_step``, and ``trainer.total_training_steps`` x that is
 ``train.rollout_budget``.  verl validates before training and every ``train.eval_every`` rollouts,
 dumping per-episode scores for the metrics adapter (:mod:`.metrics`).
 
-Only the methods whose verl path exists are accepted (GRPO and retrieval RL today; ``docs/verl.md``).
+Only the methods whose verl path exists are accepted (GRPO, retrieval RL and OPSD today; ``docs/verl.md``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from methods.verl_backend import SUPPORTED_METHODS
+from methods.verl_backend import SUPPORTED_METHODS, TEACHER_CONTEXT
 
 __all__ = ["SUPPORTED_METHODS", "main_ppo_config", "validate", "write_config", "rollouts_per_step"]
 
@@ -93,9 +93,6 @@ def main_ppo_config(
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 1,
         "actor_rollout_ref.actor.use_kl_loss": False,
         "actor_rollout_ref.actor.entropy_coeff": 0.0,
-        "actor_rollout_ref.actor.clip_ratio_low": mc["clip_low"],
-        "actor_rollout_ref.actor.clip_ratio_high": mc["clip_high"],
-        "actor_rollout_ref.actor.loss_agg_mode": mc["loss_agg"],
         "actor_rollout_ref.actor.policy_loss.loss_mode": POLICY_LOSS,
         "actor_rollout_ref.rollout.name": rollout_engine,
         "actor_rollout_ref.rollout.n": group,
@@ -104,8 +101,6 @@ def main_ppo_config(
         "actor_rollout_ref.rollout.val_kwargs.temperature": train["eval_temperature"],
         "actor_rollout_ref.rollout.val_kwargs.do_sample": train["eval_temperature"] > 0,
         "actor_rollout_ref.rollout.val_kwargs.n": 1,
-        "algorithm.adv_estimator": ADV_ESTIMATOR if mc.get("drop_zero_variance", True) else ADV_ESTIMATOR_KEEP,
-        "algorithm.norm_adv_by_std_in_grpo": mc["norm_by_std"],
         "algorithm.use_kl_in_reward": False,
         "critic.enable": False,
         "trainer.total_training_steps": _steps(job, "rollout_budget"),
@@ -120,6 +115,18 @@ def main_ppo_config(
         "trainer.nnodes": nnodes,
         "trainer.save_freq": _steps(job, "eval_every"),
     }
+    if method in TEACHER_CONTEXT:
+        overrides.update(_distillation(job, model_path, prompt_len))
+    else:  # GRPO's outcome advantage and clipped loss (retrieval RL: GRPO with experience in the prompt)
+        overrides.update(
+            {
+                "actor_rollout_ref.actor.clip_ratio_low": mc["clip_low"],
+                "actor_rollout_ref.actor.clip_ratio_high": mc["clip_high"],
+                "actor_rollout_ref.actor.loss_agg_mode": mc["loss_agg"],
+                "algorithm.adv_estimator": ADV_ESTIMATOR if mc["drop_zero_variance"] else ADV_ESTIMATOR_KEEP,
+                "algorithm.norm_adv_by_std_in_grpo": mc["norm_by_std"],
+            }
+        )
     if method == "retrieval_rl":
         overrides.update(_retrieval(job, seed, bank_path))
     config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
@@ -129,6 +136,47 @@ def main_ppo_config(
         for key, value in overrides.items():
             OmegaConf.update(cfg, key, value, merge=False)
     return cfg
+
+
+#: the suite's divergences that verl's teacher servers can give (the teacher returns top-k log-probs)
+VERL_DIVERGENCE = {"forward_kl": "forward_kl_topk"}
+
+
+def _distillation(job: dict, model_path: str | Path, prompt_len: int) -> dict:
+    """OPSD's settings: verl's on-policy distillation with the frozen base model as the teacher in
+    its own GPU pool, reading the privileged prompt (:mod:`.distill`), and no reward in the loss."""
+    from methods.verl_backend.plugin import ADV_ESTIMATOR_KEEP
+
+    mc, opts = job["method_config"], job.get("backend_options") or {}
+    if mc["teacher_source"] != "frozen":
+        raise ValueError(
+            f"{job['method']}: a {mc['teacher_source']!r} teacher follows the student's weights; verl's teacher "
+            "servers are frozen, so only teacher_source 'frozen' runs on verl (docs/verl.md)"
+        )
+    if mc["divergence"] not in VERL_DIVERGENCE:
+        raise ValueError(
+            f"{job['method']}: divergence {mc['divergence']!r} has no verl path (verl's teacher returns top-k "
+            f"log-probabilities; supported: {', '.join(VERL_DIVERGENCE)})"
+        )
+    teacher = "distillation.teacher_models.teacher_model"
+    return {
+        "distillation.enabled": True,
+        "distillation.n_gpus_per_node": int(opts.get("teacher_gpus", 1)),
+        "distillation.nnodes": 1,
+        f"{teacher}.model_path": str(model_path),
+        f"{teacher}.inference.tensor_model_parallel_size": 1,
+        # the teacher's prompt is the student's plus the privileged context, at most another prompt's length
+        f"{teacher}.inference.max_model_len": job["train"]["max_seq_len"] + prompt_len,
+        "distillation.distillation_loss.loss_mode": VERL_DIVERGENCE[mc["divergence"]],
+        "distillation.distillation_loss.topk": int(opts.get("distill_topk", 32)),
+        "distillation.distillation_loss.use_task_rewards": False,  # OPSD: the teacher's distribution is the only signal
+        "distillation.distillation_loss.use_policy_gradient": False,
+        "actor_rollout_ref.actor.loss_agg_mode": "token-mean",  # the suite's distillation loss (methods/core/distill.py)
+        "actor_rollout_ref.rollout.agent.agent_loop_manager_class": "methods.verl_backend.distill.PrivilegedAgentLoopManager",
+        "lopd_bench.teacher_context": TEACHER_CONTEXT[job["method"]],
+        # group_size 1: every group is one rollout; the suite's dropping estimator would clear them all
+        "algorithm.adv_estimator": ADV_ESTIMATOR_KEEP,
+    }
 
 
 def _retrieval(job: dict, seed: int, bank_path: str | Path | None) -> dict:

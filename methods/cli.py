@@ -679,6 +679,8 @@ def cmd_train(args) -> None:
     if run.heldout_domain is not None:
         summary["heldout_domain_version"] = run.heldout_domain.version
         run.heldout_domain.close()
+    if run.device.type == "cuda":  # GPU memory the run needed (this process's peak; benchmarks/device_check.sh)
+        summary["cuda_peak_memory_gib"] = round(torch.cuda.max_memory_allocated(run.device) / 2**30, 3)
     write_json_atomic(out / "summary.json", summary)
     domain.close()
     print(

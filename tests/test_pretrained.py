@@ -186,3 +186,28 @@ def test_a_journal_written_under_other_settings_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="other settings"):
         _Journal(path, {"samples": 10})
     assert len(path.read_text().splitlines()) == 2  # refusing it left it as it was
+
+
+def test_device_check_refuses_without_a_gpu_and_reports_run_summaries(tmp_path):
+    """benchmarks/device_check.sh (a GPU check of the real profile): on this CPU machine it says it
+    needs a GPU; its report turns run summaries into rollouts/s over training time and peak memory."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    script = root / "benchmarks" / "device_check.sh"
+    env = dict(os.environ, OUT=str(tmp_path), RUNS_DIR=str(tmp_path / "runs"))
+    if not torch.cuda.is_available():
+        out = subprocess.run([script], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode != 0 and "no CUDA device" in out.stderr
+    run = tmp_path / "runs" / "code" / "lopd" / "seed0"
+    run.mkdir(parents=True)
+    ledger = {"rollouts": 128, "wall_s": 100.0, "eval_wall_s": 36.0, "generated_tokens": 32000}
+    summary = {"method": "lopd", "domain": "code", "ledger": ledger, "final": {"heldout_reward": 0.25}}
+    (run / "summary.json").write_text(json.dumps(dict(summary, cuda_peak_memory_gib=5.5)))
+    out = subprocess.run([script, "--report"], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    (row,) = json.loads((tmp_path / "device_check.json").read_text())
+    assert row["rollouts_per_s"] == 2.0 and row["generated_tokens_per_s"] == 500.0  # over the 64 s of training
+    assert row["cuda_peak_memory_gib"] == 5.5 and "2.0 rollouts/s" in out.stdout

@@ -824,3 +824,25 @@ def test_main_ppo_config_of_opsd_distils_from_the_frozen_base_with_a_privileged_
         )
     with pytest.raises(ValueError, match="divergence 'jsd' has no verl path"):
         main_ppo_config(dict(job, method_config=dict(job["method_config"], divergence="jsd")), 0, **kw)
+
+
+@pytest.mark.slow  # two exports and two verl configs in subprocesses
+def test_the_verl_gpu_check_prepares_grpo_and_opsd_up_to_launching_verl(tmp_path):
+    """benchmarks/device_check_verl.py --dry-run: the small policy, the shrunk jobs, their parquet
+    files and verl-validated main_ppo configs; what a GPU machine then runs is verl itself."""
+    import importlib.util
+
+    from omegaconf import OmegaConf
+
+    spec = importlib.util.spec_from_file_location("device_check_verl", ROOT / "benchmarks" / "device_check_verl.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    check.main(["--dry-run", "--out", str(tmp_path), "--tokenizer", str(ROOT / "results/base/small/code/model")])
+    records = json.loads((tmp_path / "device_check_verl.json").read_text())
+    assert [r["method"] for r in records] == ["grpo", "opsd"] and all(r["steps"] == 2 for r in records)
+    for method in ("grpo", "opsd"):
+        cfg = OmegaConf.load(tmp_path / method / "run" / "main_ppo.yaml")
+        assert cfg.actor_rollout_ref.model.path == str((tmp_path / "model").resolve())
+        assert (tmp_path / method / "data" / "train.parquet").exists()
+        assert cfg.distillation.enabled == (method == "opsd")
+    assert json.loads((tmp_path / "model" / "config.json").read_text())["num_hidden_layers"] == 4

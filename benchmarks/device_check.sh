@@ -9,10 +9,11 @@
 #   benchmarks/device_check.sh --report   # only the report, from the runs under $RUNS_DIR
 #                                         # (default results/device-check/runs)
 #
-# Where the model's weights are absent (results/models/smollm2-135m-instruct holds only its config
-# and tokenizer), LOPD_RANDOM_INIT=1 builds the same architecture with random weights: the
-# rollouts/s and memory are then those of full-length answers (a random policy rarely stops
-# early), an upper bound on time per rollout; the rewards mean nothing. Without it the script
+# The profile's policy is results/device-check/model: a link to the converted model, or, where its
+# weights are absent (results/models/smollm2-135m-instruct holds only its config and tokenizer) and
+# LOPD_RANDOM_INIT=1, the same architecture with random weights (the converted model's folder is
+# never written). With random weights the rollouts/s and memory are those of full-length answers
+# (a random policy rarely stops early), an upper bound on time per rollout; the rewards mean nothing. Without it the script
 # refuses, rather than time a different model silently.
 #
 # This workplace's lent accelerator machines cannot run it as they are: nothing can be installed
@@ -33,21 +34,28 @@ if not torch.cuda.is_available():
     raise SystemExit("device_check: no CUDA device; this check is for one GPU (the CPU slice is profile=real-cpu)")
 print(f"device_check: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
 EOF
-  if [ ! -f "$MODEL/model.safetensors" ]; then
-    if [ "${LOPD_RANDOM_INIT:-0}" != "1" ]; then
-      echo "device_check: $MODEL has no weights; convert them (snakemake --cores 1 $MODEL) or set LOPD_RANDOM_INIT=1" >&2
-      exit 1
-    fi
-    python - "$MODEL" <<'EOF'
+  # the profile's policy (results/device-check/model): the converted model, or the same architecture
+  # with random weights; made anew each time, so snakemake reruns what depends on it
+  rm -rf results/device-check/model
+  mkdir -p results/device-check
+  if [ -f "$MODEL/model.safetensors" ]; then
+    ln -s ../models/smollm2-135m-instruct results/device-check/model
+  elif [ "${LOPD_RANDOM_INIT:-0}" = "1" ] && [ -f "$MODEL/config.json" ]; then
+    python - "$MODEL" results/device-check/model <<'EOF'
 import sys
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
-path = sys.argv[1]
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+source, out = sys.argv[1:]
 torch.manual_seed(0)
-model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
-model.save_pretrained(path)
-print(f"device_check: random weights for {path} ({sum(p.numel() for p in model.parameters()):,} parameters)")
+model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source))
+model.save_pretrained(out)
+AutoTokenizer.from_pretrained(source).save_pretrained(out)
+print(f"device_check: random weights in {out} ({sum(p.numel() for p in model.parameters()):,} parameters)")
 EOF
+  else
+    echo "device_check: $MODEL has no weights; convert them (snakemake --cores 1 $MODEL), or set" \
+      "LOPD_RANDOM_INIT=1 with its config.json and tokenizer there" >&2
+    exit 1
   fi
   start=$(date +%s)
   LOPD_DEVICE=cuda snakemake --cores "$(nproc)" --resources gpu=1 results/device-check/table1.csv \

@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -97,7 +98,8 @@ def run(cmd: list[str], log: Path, env: dict | None = None) -> None:
 def check_method(method: str, out: Path, model: Path, gpus: int, dry_run: bool) -> dict:
     job = job_for(method)
     work = out / method
-    work.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(work, ignore_errors=True)  # verl resumes from a checkpoint it finds: start clean
+    work.mkdir(parents=True)
     job_file = work / "job.json"
     job_file.write_text(json.dumps(job, sort_keys=True))
     log = work / "log.txt"
@@ -117,7 +119,7 @@ def check_method(method: str, out: Path, model: Path, gpus: int, dry_run: bool) 
         os.environ,
         PYTHONPATH=f"{ROOT}:{os.environ.get('PYTHONPATH', '')}",
         VERL_USE_EXTERNAL_MODULES="methods.verl_backend.plugin",
-        VERL_FILE_LOGGER_PATH=str((work / "run" / "verl.jsonl").resolve()),
+        VERL_FILE_LOGGER_PATH=str((work / "run" / "verl.0.jsonl").resolve()),
     )
     t0 = time.perf_counter()
     run(
@@ -136,7 +138,7 @@ def check_method(method: str, out: Path, model: Path, gpus: int, dry_run: bool) 
     wall = time.perf_counter() - t0
     run(
         [*cli, "verl-run-files", "--job", f"@{job_file}", "--method", method, "--seed", "0",
-         "--verl-log", str(work / "run" / "verl.jsonl"), "--val-dir", str(work / "run" / "val"),
+         "--verl-log", str(work / "run" / "verl.0.jsonl"), "--val-dir", str(work / "run" / "val"),
          "--out", str(work / "suite")],
         log,
     )  # fmt: skip
@@ -147,13 +149,15 @@ def check_method(method: str, out: Path, model: Path, gpus: int, dry_run: bool) 
     points = list(eval_points([summary])["rollouts"])
     if points[0] != 0 or points[-1] != job["train"]["rollout_budget"]:
         raise SystemExit(f"device_check_verl: {method}'s curve runs over {points}, not 0 to the budget")
-    final = json.loads(Path(summary).read_text())["final"]
+    done = json.loads(Path(summary).read_text())
+    train_s = done["ledger"]["wall_s"]  # verl's timing_s/step summed: the steps, not start-up or validation
     return dict(
         record,
         status="ok",
-        wall_s=round(wall, 1),
-        rollouts_per_s=round(job["train"]["rollout_budget"] / wall, 3),
-        heldout_reward=final["heldout_reward"],
+        main_ppo_wall_s=round(wall, 1),
+        train_s=round(train_s, 1),
+        rollouts_per_s=round(job["train"]["rollout_budget"] / max(train_s, 1e-9), 3),
+        heldout_reward=done["final"]["heldout_reward"],
         curve_rollouts=points,
     )
 

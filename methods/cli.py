@@ -11,7 +11,7 @@
     python -m methods.cli check-base   --job JSON --seed S --warmstart DIR --shipped DIR --out FILE.json
     python -m methods.cli export-verl  --job JSON --out DIR
     python -m methods.cli verl-config  --job JSON --seed S --model DIR --data DIR --run DIR --out FILE.yaml
-    python -m methods.cli verl-run-files --job JSON --method M --seed S --verl-log FILE --val-dir DIR --out DIR
+    python -m methods.cli verl-run-files --job JSON --method M --seed S --verl-log FILE [FILE ...] --val-dir DIR --out DIR
 
 ``--job`` is the resolved job settings (see :func:`methods.core.config.resolve_job`)
 as a JSON string or ``@file.json``; the rules pass it so that every result
@@ -305,6 +305,18 @@ def cmd_convert_model(args) -> None:
     )
 
 
+def _model_identity(path: Path, device, dtype) -> dict:
+    """What pins a model's answers beside the sampling settings: its weight files (name, size,
+    modification time: a re-converted or replaced model differs), the device and the dtype."""
+    files = sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin"))
+    return {
+        "model": str(path.resolve()),
+        "weights": [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files],
+        "device": str(device),
+        "dtype": str(dtype),
+    }
+
+
 def cmd_eval_benchmark(args) -> None:
     """A model's greedy pass@1 (and pass@k from samples) on an evaluation-only benchmark domain."""
     from methods.core.benchmark import benchmark_eval
@@ -331,6 +343,7 @@ def cmd_eval_benchmark(args) -> None:
             n_tasks=args.tasks,
             seed=args.seed,
             journal=journal,
+            identity=_model_identity(Path(args.model), device, dtype),
         )
     finally:
         domain.close()
@@ -877,7 +890,12 @@ def main(argv=None) -> None:
     )
     vr.add_argument("--method", required=True, help="the method the run trained")
     vr.add_argument("--seed", type=int, required=True, help="the run's seed")
-    vr.add_argument("--verl-log", required=True, help="verl's file-logger JSONL (VERL_FILE_LOGGER_PATH)")
+    vr.add_argument(
+        "--verl-log",
+        required=True,
+        nargs="+",
+        help="verl's file-logger JSONL (VERL_FILE_LOGGER_PATH), one per attempt of the run (a resume starts a new one)",
+    )
     vr.add_argument("--val-dir", required=True, help="verl's trainer.validation_data_dir (<step>.jsonl dumps)")
     vr.add_argument("--out", required=True, help="the run directory to write")
     vr.add_argument(

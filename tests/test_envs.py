@@ -41,6 +41,47 @@ def _third_party_imports(files=None) -> set[str]:
     return {n for n in names if n not in sys.stdlib_module_names and n not in PACKAGES}
 
 
+def _module_file(name: str) -> Path | None:
+    path = ROOT.joinpath(*name.split("."))
+    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def _suite_closure(files) -> list[Path]:
+    """``files`` and every suite module they import, at any depth (imports inside functions too:
+    they run in the same environment when called)."""
+    todo, seen = list(files), set()
+    while todo:
+        f = todo.pop()
+        if f in seen:
+            continue
+        seen.add(f)
+        package = ".".join(f.relative_to(ROOT).with_suffix("").parts)
+        if f.name != "__init__.py":
+            package = package.rpartition(".")[0]
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(parent + ([base] if base else []))
+                names = [base] + [f"{base}.{a.name}" for a in node.names]
+            for name in names:
+                if name.split(".")[0] in PACKAGES:
+                    # the module itself and the packages above it (their __init__ runs on import)
+                    parts = name.split(".")
+                    for i in range(1, len(parts) + 1):
+                        found = _module_file(".".join(parts[:i]))
+                        if found is not None and found not in seen:
+                            todo.append(found)
+    return sorted(seen)
+
+
 def test_suite_env_has_every_import_at_pyproject_pins():
     project = _pins(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
     env = yaml.safe_load((ROOT / "envs" / "suite.yaml").read_text())
@@ -69,6 +110,7 @@ def test_verl_env_has_the_verl_backends_imports():
     assert pip["verl"] == "0.9.1"
     assert tuple(int(x) for x in pip["transformers"].split(".")[:2]) < (5, 11)  # verl 0.9.1 requires transformers<5.11
     dists = packages_distributions()
-    for name in sorted(_third_party_imports(list(VERL_BACKEND.rglob("*.py")))):
+    # what verl's processes import: the backend and every suite module it reaches
+    for name in sorted(_third_party_imports(_suite_closure(list(VERL_BACKEND.rglob("*.py"))))):
         owners = {d.lower().replace("_", "-") for d in dists.get(name, [])}
         assert owners & {k.lower() for k in pip}, f"{name} is imported by the verl backend but not in envs/verl.yaml"

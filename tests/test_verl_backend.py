@@ -443,6 +443,28 @@ def test_metrics_adapter_writes_run_files_that_analysis_reads(small_job, tmp_pat
     assert [r for r in recs if r["kind"] == "train"][-1]["wall_s"] == 8.0
 
 
+def test_metrics_adapter_merges_the_logs_of_a_resumed_run(small_job, tmp_path):
+    """verl's FileLogger truncates its file when it opens it, so each attempt of a run logs to its
+    own file; a run that crashed after step 3 and resumed from its step-2 checkpoint has steps
+    1-3 in the first file and 3-4 in the second, and its records are steps 1-4, step 3 the second's."""
+    from methods.verl_backend.metrics import train_records, write_run_files
+
+    job = dict(small_job, train=dict(small_job["train"], rollout_budget=64, rollouts_per_step=16))
+    log, val, _ = _fake_verl_run(tmp_path, steps=4, val_steps=[2, 4])
+    lines = log.read_text().splitlines()
+    step = [json.loads(x)["step"] for x in lines]
+    first, second = tmp_path / "verl.100.jsonl", tmp_path / "verl.200.jsonl"
+    first.write_text("".join(x + "\n" for x, s in zip(lines, step) if s <= 3))
+    resumed = [json.loads(x) for x, s in zip(lines, step) if s >= 3]
+    for rec in resumed:
+        rec["data"]["timing_s/step"] = 3.0  # the second attempt's steps, told apart
+    second.write_text("".join(json.dumps(r) + "\n" for r in resumed))
+    records = train_records([second, first], 16)  # any order given: read in the order written
+    assert [r["step"] for r in records] == [1, 2, 3, 4] and records[-1]["wall_s"] == 2.0 + 2.0 + 3.0 + 3.0
+    summary = write_run_files(job, "grpo", 0, [first, second], val, tmp_path / "run")
+    assert summary["ledger"]["rollouts"] == 64 and summary["ledger"]["steps"] == 4
+
+
 def test_metrics_adapter_refuses_a_run_short_of_its_budget(small_job, tmp_path):
     from methods.verl_backend.metrics import write_run_files
 
@@ -558,6 +580,14 @@ def test_bank_service_stages_during_a_step_and_retrieves_after_it(tmp_path):
     assert tasks[0].prompt in other and tasks[0].prompt in third and tasks[1].prompt in third
     service.stage(rows[2], [("no", None)], 0.0)
     assert service.commit(step=2)["bank/added"] == 0  # a failure stays out
+    entered = []
+    for order in ([("b", None)], [("a", None)]), ([("a", None)], [("b", None)]):
+        fresh = BankService(n_retrieve=2)
+        for turns in order:  # two successes of one task, finishing in either order
+            fresh.stage(rows[2], turns, 1.0)
+        fresh.commit(step=1)
+        entered.append(fresh.bank.items[0].turns)
+    assert entered[0] == entered[1] == (("a", None),)  # one enters (max_per_task 1), whatever the timing
     test_row = task_rows(domain, domain.tasks("test", 1), "test")[0]["extra_info"]
     with pytest.raises(LeakError):
         service.stage(test_row, [("x", None)], 1.0)

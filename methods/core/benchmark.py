@@ -132,11 +132,14 @@ def benchmark_eval(
     n_tasks: int | None = None,
     seed: int = 0,
     journal: Path | None = None,
+    identity: dict | None = None,
 ) -> dict:
     """Greedy pass@1 on the first ``n_tasks`` test problems (all by default), and with ``samples`` > 0
     unbiased pass@k for every k in ``ks`` up to ``samples`` from that many samples per problem at
     ``temperature``.  Per-problem greedy answers and verdicts are kept for inspection.  With a
-    ``journal`` path, each finished batch is appended there and a rerun skips those batches."""
+    ``journal`` path, each finished batch is appended there and a rerun skips those batches; the
+    journal is bound to the settings and to ``identity`` (what else fixes the answers: the model's
+    files, the device, the dtype), and one written under others is refused."""
     from tasks.humaneval import pass_at_k
 
     was_training = model.training
@@ -153,6 +156,7 @@ def benchmark_eval(
         "max_seq_len": max_seq_len,
         "batch_size": batch_size,
         "seed": seed,
+        **(identity or {}),
     }
     log = _Journal(journal, fingerprint)
     greedy, wall = _play(model, encoder, domain, tasks, greedy_cfg, batch_size, seed, f"{domain.name} greedy", log)

@@ -115,6 +115,23 @@ async def play_episode(
     )
 
 
+#: built domains and their task indexes, and the reference solutions already played, shared by the
+#: episodes of this process (verl builds an agent loop per episode)
+_DOMAINS: dict = {}
+_EXPERT: dict = {}
+
+
+def _expert_trace(domain: TaskDomain, task: Task) -> str:
+    """The task's reference solution as the teacher's context, played once per task and process
+    (for code it runs the reference program in the sandbox), as the suite's loop caches it."""
+    from methods.core.distill import expert_trace
+
+    key = (domain.name, domain.seed, task.split, task.task_id)
+    if key not in _EXPERT:
+        _EXPERT[key] = expert_trace(domain, task)
+    return _EXPERT[key]
+
+
 #: the ``extra_fields`` key of an episode's teacher prompt ids (methods/verl_backend/distill.py reads it)
 TEACHER_PROMPT = "lopd_bench_teacher_prompt_ids"
 
@@ -134,11 +151,10 @@ class EpisodeAgentLoop(AgentLoopBase):
         super().__init__(*args, **kwargs)
         self.response_length = self.rollout_config.response_length
         self.encoder = ChatEncoder(self.tokenizer)
-        self._domains: dict = {}  # built domains and task indexes, shared by this worker's episodes
 
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
         row = kwargs["extra_info"]
-        domain, task = task_of_row(row, self._domains)
+        domain, task = task_of_row(row, _DOMAINS)
         context, on_finish = None, None
         retrieval = retrieval_settings(self.config)
         if retrieval is not None:  # retrieval RL: experience in the student's prompt; training episodes grow the bank
@@ -161,9 +177,7 @@ class EpisodeAgentLoop(AgentLoopBase):
         )
         if teacher_context(self.config) == "expert" and task.split == "train":
             # OPSD: the teacher reads the response after the task's reference solution (methods/verl_backend/distill.py)
-            from methods.core.distill import expert_trace
-
             out.extra_fields[TEACHER_PROMPT] = initial_prompt_ids(
-                self.encoder, domain, task, expert_trace(domain, task)
+                self.encoder, domain, task, _expert_trace(domain, task)
             )
         return out

@@ -86,6 +86,9 @@ class BankService:
     def commit(self, step: int) -> dict[str, float]:
         """Add the staged trajectories that qualify; returns the step's bank metrics."""
         staged, self.pending = self.pending, []
+        # agent loops finish in no fixed order; with max_per_task, the order decides which success of
+        # a task enters, so it is made independent of timing (task, then best reward, then the text)
+        staged.sort(key=lambda x: (x[0].task_id, -x[2], [(t.action, t.observation or "") for t in x[1]]))
         added = self.bank.add(staged, step=step)
         return {"bank/staged": len(staged), "bank/added": added, "bank/size": len(self.bank)}
 

@@ -13,6 +13,7 @@ Only the methods whose verl path exists are accepted (GRPO, retrieval RL and OPS
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -52,7 +53,7 @@ def main_ppo_config(
     """verl's ``main_ppo`` config for ``job`` (a resolved job of a supported method).
 
     ``data_dir`` holds ``export-verl``'s parquet files; ``run_dir`` gets verl's log
-    (``verl.jsonl``: set ``VERL_FILE_LOGGER_PATH`` to it), validation dumps (``val/``) and
+    (``verl.<attempt>.jsonl``: set ``VERL_FILE_LOGGER_PATH`` to it), validation dumps (``val/``) and
     checkpoints.  A method that reads an experience bank (retrieval RL) gets verl's synchronous
     trainer with the suite's bank (:mod:`.trainer`), seeded from ``bank_path`` (the ``bank`` rule's
     file; required when the profile seeds the bank, ``bank.seed_tasks`` > 0)."""
@@ -165,8 +166,7 @@ def _distillation(job: dict, model_path: str | Path, prompt_len: int) -> dict:
         "distillation.nnodes": 1,
         f"{teacher}.model_path": str(model_path),
         f"{teacher}.inference.tensor_model_parallel_size": 1,
-        # the teacher's prompt is the student's plus the privileged context, at most another prompt's length
-        f"{teacher}.inference.max_model_len": job["train"]["max_seq_len"] + prompt_len,
+        f"{teacher}.inference.max_model_len": _teacher_context_length(job, model_path, prompt_len),
         "distillation.distillation_loss.loss_mode": VERL_DIVERGENCE[mc["divergence"]],
         "distillation.distillation_loss.topk": int(opts.get("distill_topk", 32)),
         "distillation.distillation_loss.use_task_rewards": False,  # OPSD: the teacher's distribution is the only signal
@@ -177,6 +177,18 @@ def _distillation(job: dict, model_path: str | Path, prompt_len: int) -> dict:
         # group_size 1: every group is one rollout; the suite's dropping estimator would clear them all
         "algorithm.adv_estimator": ADV_ESTIMATOR_KEEP,
     }
+
+
+def _teacher_context_length(job: dict, model_path: str | Path, prompt_len: int) -> int:
+    """The teacher's context: its prompt is the student's plus the privileged context, whose length
+    nothing bounds, so as long as the model allows (``max_position_embeddings``, where the model's
+    config says); without a config, a student's sequence plus one more prompt."""
+    config = Path(model_path) / "config.json"
+    if config.exists():
+        limit = json.loads(config.read_text()).get("max_position_embeddings")
+        if limit:
+            return int(limit)
+    return job["train"]["max_seq_len"] + prompt_len
 
 
 def _retrieval(job: dict, seed: int, bank_path: str | Path | None) -> dict:

@@ -76,11 +76,19 @@ def validation_records(val_dir: str | Path, rollouts_per_step: int) -> list[dict
     return records
 
 
-def train_records(verl_log: str | Path, rollouts_per_step: int) -> list[dict]:
-    """One suite train record per step verl logged (the last line of a step wins: a resumed run
-    logs its step again)."""
+def _logs(verl_log) -> list[Path]:
+    """One path or several, in the order they were written: verl's ``FileLogger`` opens its file
+    with ``"wb"``, so each attempt of a run (a resume after a crash) logs to a file of its own
+    (``rules/verl.smk``: ``verl.<start time>.jsonl``)."""
+    paths = [verl_log] if isinstance(verl_log, (str, Path)) else list(verl_log)
+    return sorted(Path(p) for p in paths)
+
+
+def train_records(verl_log, rollouts_per_step: int) -> list[dict]:
+    """One suite train record per step verl logged, over every attempt's log (``verl_log``: one
+    path or several; the last line of a step wins: a resumed run logs its step again)."""
     by_step: dict[int, dict] = {}
-    for line in _lines(Path(verl_log)):
+    for line in (line for path in _logs(verl_log) for line in _lines(path)):
         data = line.get("data", {})
         if not any(k in data for k in TRAIN_FIELDS.values()):
             continue  # a validation-only line
@@ -99,7 +107,7 @@ def write_run_files(
     job: dict,
     method: str,
     seed: int,
-    verl_log: str | Path,
+    verl_log,
     val_dir: str | Path,
     out_dir: str | Path,
     pre_rollouts: int = 0,

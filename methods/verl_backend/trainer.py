@@ -81,5 +81,7 @@ class RetrievalTrainer(PPOTrainerSync):
         return batch
 
     def _save_checkpoint(self):
-        super()._save_checkpoint()
+        # the bank first: verl marks the checkpoint complete (latest_checkpointed_iteration.txt) as
+        # its last act, and a resumed run must find the bank in any checkpoint marked complete
         ray.get(self.bank.save.remote(os.path.join(checkpoint_dir(self.config, self.global_steps), BANK_FILE)))
+        super()._save_checkpoint()

@@ -149,8 +149,8 @@ def _without_timings(report: dict) -> dict:
 
 @pytest.mark.slow
 def test_an_interrupted_benchmark_resumes_to_the_same_report(smollm2, tmp_path):
-    """Each finished batch is journalled; a rerun after a crash (here: the journal cut after its
-    first batch, with a torn line after it) plays only the rest and reports what one run would."""
+    """Each finished batch is journalled; a rerun after a crash (here: the journal cut after a
+    batch, with a torn line after it) plays only the rest and reports what one run would."""
     from methods.core.benchmark import benchmark_eval
     from methods.core.tokenizer import ChatEncoder
     from tasks.base import get_domain
@@ -168,13 +168,16 @@ def test_an_interrupted_benchmark_resumes_to_the_same_report(smollm2, tmp_path):
         whole = run(tmp_path / "a.jsonl")
         lines = (tmp_path / "a.jsonl").read_text().splitlines()
         assert len(lines) == 1 + 2 + 3  # the settings, 2 greedy batches, 3 sampled batches
-        (tmp_path / "b.jsonl").write_text("\n".join(lines[:2]) + "\n" + lines[2][:40])
-        resumed = run(tmp_path / "b.jsonl")
+        # cut in the greedy phase, and in the sampled one (where each batch's own seed matters)
+        for cut in (2, 4):
+            journal = tmp_path / f"cut{cut}.jsonl"
+            journal.write_text("\n".join(lines[:cut]) + "\n" + lines[cut][:40])
+            resumed = run(journal)
+            assert _without_timings(resumed) == _without_timings(whole), cut
+            after = journal.read_text().splitlines()
+            assert after[:cut] == lines[:cut] and len(after) == len(lines)  # finished batches kept, not replayed
     finally:
         domain.close()
-    assert _without_timings(resumed) == _without_timings(whole)
-    after = (tmp_path / "b.jsonl").read_text().splitlines()
-    assert after[:2] == lines[:2] and len(after) == len(lines)  # the first batch was kept, not played again
 
 
 def test_a_journal_written_under_other_settings_is_refused(tmp_path):

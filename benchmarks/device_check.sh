@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPU check of the real profile (issue 19): GRPO and LOPD of SmolLM2-135M-Instruct on the code
 # tasks, one seed, a budget of 128 rollouts, HumanEval's first 32 problems before and after, on one
-# GPU, through the suite's own pipeline (the `device-check` profile of config/config.yaml), in
-# under 10 minutes. It reports each run's rollouts/s, wall time and peak GPU memory, and writes
+# GPU, through the suite's own pipeline (the `device-check` profile of config/config.yaml), sized
+# to take under 10 minutes (never run yet). One job at a time, so that no run shares the GPU
+# while it is timed. It reports each run's rollouts/s, wall time and peak GPU memory, and writes
 # them to ${OUT:-results/device-check}/device_check.json.
 #
 #   benchmarks/device_check.sh            # on a GPU machine with the suite installed (pip install -e .)
@@ -58,7 +59,7 @@ EOF
     exit 1
   fi
   start=$(date +%s)
-  LOPD_DEVICE=cuda snakemake --cores "$(nproc)" --resources gpu=1 results/device-check/table1.csv \
+  LOPD_DEVICE=cuda snakemake --cores 1 results/device-check/table1.csv \
     --config profile=device-check 2>&1 | tee "$OUT_DIR/snakemake.log"
   echo "device_check: pipeline wall time $(( $(date +%s) - start )) s"
 fi

@@ -150,7 +150,8 @@ def check_method(method: str, out: Path, model: Path, gpus: int, dry_run: bool) 
     if points[0] != 0 or points[-1] != job["train"]["rollout_budget"]:
         raise SystemExit(f"device_check_verl: {method}'s curve runs over {points}, not 0 to the budget")
     done = json.loads(Path(summary).read_text())
-    train_s = done["ledger"]["wall_s"]  # verl's timing_s/step summed: the steps, not start-up or validation
+    # verl's timing_s/step summed: the steps and their checkpoints, not start-up or validation
+    train_s = done["ledger"]["wall_s"]
     return dict(
         record,
         status="ok",

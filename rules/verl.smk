@@ -55,7 +55,7 @@ if BACKEND == "verl":
             "python -m methods.core.forkserver methods.cli verl-config --job {params.job} --seed {wildcards.seed} --model {params.model} "
             "--data {params.data} --run {params.run} --gpus {params.gpus} --nodes {params.nodes} {params.bank} "
             "--out {params.run}/main_ppo.yaml > {log} 2>&1 && "
-            "PYTHONPATH=$(pwd):$PYTHONPATH VERL_USE_EXTERNAL_MODULES=methods.verl_backend.plugin "
+            "PYTHONPATH=$(pwd):${{PYTHONPATH:-}} VERL_USE_EXTERNAL_MODULES=methods.verl_backend.plugin "
             "VERL_FILE_LOGGER_PATH={params.run}/verl.$(date +%s).jsonl python -m verl.trainer.main_ppo "
             "--config-path $(realpath {params.run}) --config-name main_ppo >> {log} 2>&1 && "
             "python -m methods.core.forkserver methods.cli verl-run-files --job {params.job} --method {wildcards.method} --seed {wildcards.seed} "

@@ -19,7 +19,8 @@ verl imports every entry point of the ``verl.plugins`` group in each of its proc
   estimator has the same value in expectation but a gradient that ignores the teacher.
 
 The full-vocabulary divergences (forward/reverse KL, JSD, top-k with tail) need the student's
-logits, which verl shows only to a logits processor; they come with the distillation trainer step.
+logits, which verl shows only to a logits processor, and verl's teacher servers return top-k
+log-probabilities only; none of them has a verl path (OPSD uses verl's top-k forward KL).
 
 Registration is idempotent: importing the module twice (verl's plugin loader and a direct import)
 registers each name once.

@@ -166,6 +166,22 @@ def run(module: str, args: list[str]) -> int:
                 file=sys.stderr,
             )
             _direct(module, args)
+    # Signals go to the job. The handlers are in place before the job can start, and a signal that
+    # comes before the server has said the job's pid waits for it: the job may already be running
+    # (and printing) while the reply is on its way.
+    job: dict = {"pid": None, "pending": []}
+
+    def forward(signum, frame):
+        if job["pid"] is None:
+            job["pending"].append(signum)
+            return
+        try:
+            os.kill(job["pid"], signum)
+        except ProcessLookupError:
+            pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
     with sock:
         for s in (sys.stdout, sys.stderr):
             s.flush()
@@ -173,18 +189,15 @@ def run(module: str, args: list[str]) -> int:
         try:
             reply, _ = _recv(sock)
         except (ConnectionError, OSError):  # no job was started: running it here runs it once
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_DFL)
+            for sig in job["pending"]:  # asked to stop before anything ran: stop as the signal would
+                os.kill(os.getpid(), sig)
             print(f"forkserver: the server went away before starting {module}; running it directly", file=sys.stderr)
             _direct(module, args)
-        pid = reply["pid"]
-
-        def forward(signum, frame):
-            try:
-                os.kill(pid, signum)
-            except ProcessLookupError:
-                pass
-
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, forward)
+        job["pid"] = reply["pid"]
+        for sig in job["pending"]:
+            forward(sig, None)
         try:
             reply, _ = _recv(sock)
         except ConnectionError:

@@ -154,3 +154,44 @@ def test_a_server_that_fails_to_start_leaves_the_job_to_run_directly(tmp_path, e
     assert res.returncode == 5 and json.loads(res.stdout)["argv"] == ["5"]
     assert "running it directly" in res.stderr
     assert time.monotonic() - t0 < 60  # not the 90 s a client waits for a server that is still starting
+
+
+def test_a_signal_before_the_server_names_the_job_reaches_the_job(tmp_path):
+    """The job can start (and print) before the server's reply with its pid reaches the client; a
+    signal in that window is held and forwarded once the pid is known, not lost with the client.
+    A stand-in server controls the window: it replies only after the client was signalled."""
+    import socket
+
+    from methods.core import forkserver as fs
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FORKSERVER_TEST": uuid.uuid4().hex}
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(fs._address(fs._key(env)))  # where a client of this environment looks for its server
+    server.listen(1)
+    server.settimeout(60)
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # the "job" the server names
+    client = subprocess.Popen(
+        [sys.executable, "-m", "methods.core.forkserver", "json.tool"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        conn, _ = server.accept()
+        request, fds = fs._recv(conn, with_fds=3)
+        for fd in fds:
+            os.close(fd)
+        assert request["module"] == "json.tool"
+        client.send_signal(signal.SIGTERM)  # the request is sent, the job's pid not yet known to the client
+        time.sleep(0.5)
+        assert client.poll() is None  # held, not fatal
+        fs._send(conn, {"pid": job.pid})
+        assert job.wait(timeout=10) == -signal.SIGTERM  # forwarded as soon as the pid came
+        fs._send(conn, {"status": 128 + signal.SIGTERM})
+        assert client.wait(timeout=10) == 128 + signal.SIGTERM
+    finally:
+        for proc in (job, client):
+            if proc.poll() is None:
+                proc.kill()
+        server.close()

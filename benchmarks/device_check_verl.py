@@ -1,5 +1,5 @@
-"""GPU check of the verl backend (issue 20): GRPO and OPSD through verl's ``main_ppo`` for a few
-steps with a small model built from a config, and the suite's run files checked complete.
+"""GPU check of the verl backend (issue 20): GRPO, OPSD and Skill-SD through verl's ``main_ppo`` for
+a few steps with a small model built from a config, and the suite's run files checked complete.
 
     benchmarks/device_check_verl.sh              # in envs/verl.yaml's environment, on GPUs
     python benchmarks/device_check_verl.py --dry-run --out DIR   # everything up to verl itself (CPU)
@@ -17,7 +17,8 @@ Steps, each through the suite's own commands (the ``verl_data`` / ``verl_train``
    the budget and a final held-out score.
 
 OPSD's frozen teacher needs a GPU of its own beside the student's, so OPSD runs only where two
-GPUs are visible; with one, the report says it was skipped.  Prints one line per method and
+GPUs are visible; with one, the report says it was skipped.  Skill-SD's teacher is the student on
+its own rollout servers, so it runs on one.  Prints one line per method and
 writes ``device_check_verl.json`` under ``--out``.  UNTESTED on a GPU so far: the lent machines
 have no vLLM (docs/verl.md).
 """
@@ -37,6 +38,8 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+#: the methods checked, in order
+METHODS = ("grpo", "opsd", "skill_sd")
 #: a few steps of the real-verl profile's settings (16 rollouts a step, validation before and after)
 SHRINK = {
     "rollout_budget": 32,
@@ -188,8 +191,10 @@ def main(argv=None) -> None:
     model = out / "model"
     print(f"device_check_verl: small policy, {build_model(Path(args.tokenizer), model):,} parameters", flush=True)
     records = []
-    for method in ("grpo", "opsd"):
-        need = 2 if method == "opsd" else 1  # OPSD's frozen teacher has a GPU of its own
+    from methods.verl_backend import TEACHER_POOL
+
+    for method in METHODS:
+        need = 2 if method in TEACHER_POOL else 1  # OPSD's frozen teacher has a GPU of its own
         if not args.dry_run and gpus < need:
             records.append({"method": method, "status": f"skipped: needs {need} GPUs, {gpus} visible"})
         else:

@@ -4,7 +4,7 @@
 # suite's plugin through VERL_USE_EXTERNAL_MODULES (the entry point works only where the suite is
 # installed), with the checkout on PYTHONPATH. UNTESTED on a GPU so far.
 if BACKEND == "verl":
-    from methods.verl_backend import TEACHER_CONTEXT  # distilling methods: their teacher has GPUs of its own
+    from methods.verl_backend import TEACHER_POOL  # methods whose frozen teacher has GPUs of its own
 
     rule verl_data:
         """A domain's training split and held-out tasks as verl's RL parquet files."""
@@ -46,9 +46,9 @@ if BACKEND == "verl":
             seed=r"\d+",
         threads: 1
         resources:
-            # a distilling method's frozen teacher has GPUs of its own (methods/verl_backend/launch.py)
+            # OPSD's frozen teacher has GPUs of its own (methods/verl_backend/launch.py); Skill-SD's is the student
             gpu=lambda w: BACKEND_OPTIONS.get("gpus", 1)
-            + (BACKEND_OPTIONS.get("teacher_gpus", 1) if w.method in TEACHER_CONTEXT else 0),
+            + (BACKEND_OPTIONS.get("teacher_gpus", 1) if w.method in TEACHER_POOL else 0),
         conda:
             "../envs/verl.yaml"
         shell:

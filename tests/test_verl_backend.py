@@ -186,27 +186,44 @@ def test_policy_loss_refuses_rollout_correction_weights():
         )
 
 
-def test_sampled_reverse_kl_gradient_is_the_score_function_estimate():
+def _teacher_rows(teacher, rows=ROWS):
+    """Teacher log-probs in verl's layout: one ``[sequence, 1]`` row per sample, the response's at the
+    positions that predict its tokens."""
+    per_sequence = [torch.cat([torch.zeros(p - 1), teacher[i, :r], torch.zeros(1)]) for i, (r, p) in enumerate(rows)]
+    return torch.nested.as_nested_tensor([x.unsqueeze(-1) for x in per_sequence], layout=torch.jagged)
+
+
+def _response_grad(flat, rows=ROWS):
+    """The gradient on the flat per-sequence log-probs, laid out on the padded responses."""
+    got = torch.zeros(len(rows), 5)
+    for i, ((r, p), piece) in enumerate(zip(rows, flat.grad.split([r + p for r, p in rows]))):
+        got[i, :r] = piece[p - 1 : p - 1 + r]
+    return got
+
+
+def test_sampled_reverse_kl_gradient_is_the_importance_weighted_score_function_estimate():
+    from methods.divergences import sampled_token_reverse_kl
+
     flat, logp, data = _verl_batch(ROWS)
     teacher = logp - 0.5 * torch.rand_like(logp)
-    per_sequence = [torch.cat([torch.zeros(p - 1), teacher[i, :r], torch.zeros(1)]) for i, (r, p) in enumerate(ROWS)]
-    data["teacher_logprobs"] = torch.nested.as_nested_tensor(
-        [x.unsqueeze(-1) for x in per_sequence], layout=torch.jagged
-    )  # verl's layout: one [sequence, 1] row per sample
+    teacher[2] = plugin.NO_TEACHER  # a rollout whose teacher read nothing privileged
+    data["teacher_logprobs"] = _teacher_rows(teacher)
+    data["old_log_probs"][0] = logp[0] - 1.0  # a rollout the update has moved far: its weight is capped
     flat = flat.clone().requires_grad_()
     per_token, metrics = plugin.sampled_reverse_kl(None, None, {"log_probs": flat}, data)
     mask = data["response_mask"].bool()
     (per_token * mask).sum().backward()
-    student = torch.where(mask, logp, torch.zeros_like(logp))
-    expected = torch.where(mask, student - teacher, torch.zeros_like(logp))  # d/ds of sg[s - t] * s
-    got = torch.zeros_like(logp)
-    pieces = flat.grad.split([r + p for r, p in ROWS])
-    for i, (r, p) in enumerate(ROWS):
-        got[i, :r] = pieces[i][p - 1 : p - 1 + r]
-    torch.testing.assert_close(got, expected)
-    assert metrics["distillation/sampled_reverse_kl"] == pytest.approx(
-        float((student - teacher)[mask].mul(student[mask]).mean())
-    )
+    taught = mask.clone()
+    taught[2] = False
+    student = logp.clone().requires_grad_()
+    suite = sampled_token_reverse_kl(student[taught], teacher[taught], data["old_log_probs"][taught], plugin.IS_CLIP)
+    suite.sum().backward()  # the suite's term on the taught tokens; d/ds = min(π_S/π_old, 2)·(s − t)
+    torch.testing.assert_close(_response_grad(flat), torch.where(taught, student.grad, torch.zeros_like(logp)))
+    assert not per_token[2].any() and per_token[taught].abs().sum() > 0
+    ratio = torch.exp(logp - data["old_log_probs"])[taught]
+    assert (ratio > plugin.IS_CLIP).any() and (ratio < 1).any()  # the cap and the weight both matter here
+    assert metrics["distillation/sampled_reverse_kl"] == pytest.approx(float((logp - teacher)[taught].mean()))
+    assert metrics["distillation/taught_token_share"] == pytest.approx(float(taught.sum() / mask.sum()))
 
 
 # --------------------------------------------------------------------------- parquet export
@@ -379,9 +396,10 @@ def test_agent_loop_runs_an_exported_row_through_verls_interface(tmp_path):
 
 
 # --------------------------------------------------------------------------- metrics adapter
-def _fake_verl_run(tmp_path, steps, val_steps, n_val=8, seed=0):
+def _fake_verl_run(tmp_path, steps, val_steps, n_val=8, seed=0, extra=None):
     """The two records a verl run leaves: its file logger's lines (written by verl's own FileLogger)
-    and its validation dumps (``<step>.jsonl``, the lines of ``RayPPOTrainer._write_generations``)."""
+    and its validation dumps (``<step>.jsonl``, the lines of ``RayPPOTrainer._write_generations``).
+    ``extra(step)`` adds a method's own metrics to a step's line."""
     import os
 
     from verl.utils.tracking import FileLogger
@@ -399,6 +417,7 @@ def _fake_verl_run(tmp_path, steps, val_steps, n_val=8, seed=0):
                     "actor/grad_norm": 0.5,
                     "response_length/mean": 40.0,
                     "timing_s/step": 2.0,
+                    **(extra(step) if extra else {}),
                 },
                 step,
             )
@@ -531,7 +550,7 @@ def test_verl_profile_jobs_carry_the_backend_and_refuse_methods_without_a_verl_p
     assert "backend" not in resolve_job(dict(cfg, profile="small"), "code", "grpo")  # other profiles' jobs unchanged
     cfg["profiles"]["real-verl"]["methods"] = ["grpo", "sdpo"]
     with pytest.raises(
-        ValueError, match=r"backend verl runs \['grpo', 'retrieval_rl', 'opsd'\] so far, not \['sdpo'\]"
+        ValueError, match=r"backend verl runs \['grpo', 'retrieval_rl', 'opsd', 'skill_sd'\] so far, not \['sdpo'\]"
     ):
         validate(cfg)
 
@@ -702,11 +721,11 @@ def test_retrieval_trainer_grows_the_bank_after_each_step_and_resumes_it(tmp_pat
         assert tasks[0].prompt in asyncio.run(client.context(rows[1]))
         trainer._save_checkpoint()
         assert (Path(checkpoint_dir(cfg, 1)) / BANK_FILE).exists()
-        ray.kill(trainer.bank)
+        ray.kill(trainer.service)
         resumed = RetrievalTrainer(cfg)
         resumed.global_steps = 1
         resumed.on_init_end()
-        assert ray.get(resumed.bank.size.remote()) == 1
+        assert ray.get(resumed.service.size.remote()) == 1
         resumed.global_steps = 2
         with pytest.raises(FileNotFoundError, match="no experience bank"):
             resumed.on_init_end()
@@ -734,11 +753,14 @@ class _Teacher:
         return ids, logprobs
 
 
-def _privileged_worker(teacher):
+def _privileged_worker(teacher, config=None):
+    from omegaconf import OmegaConf
+
     from methods.verl_backend.distill import PrivilegedAgentLoopWorker
 
     worker = object.__new__(PrivilegedAgentLoopWorker)  # verl's own __init__ needs servers; the method needs these
     worker.distillation_enabled, worker.teacher_key, worker.teacher_server_manager = True, "data_source", teacher
+    worker.config = OmegaConf.create(config or {})
     worker.tokenizer = type("Tok", (), {"pad_token_id": 0})()
     return worker
 
@@ -857,7 +879,7 @@ def test_main_ppo_config_of_opsd_distils_from_the_frozen_base_with_a_privileged_
 
 
 @pytest.mark.slow  # two exports and two verl configs in subprocesses
-def test_the_verl_gpu_check_prepares_grpo_and_opsd_up_to_launching_verl(tmp_path):
+def test_the_verl_gpu_check_prepares_grpo_opsd_and_skill_sd_up_to_launching_verl(tmp_path):
     """benchmarks/device_check_verl.py --dry-run: the small policy, the shrunk jobs, their parquet
     files and verl-validated main_ppo configs; what a GPU machine then runs is verl itself."""
     import importlib.util
@@ -869,10 +891,10 @@ def test_the_verl_gpu_check_prepares_grpo_and_opsd_up_to_launching_verl(tmp_path
     spec.loader.exec_module(check)
     check.main(["--dry-run", "--out", str(tmp_path), "--tokenizer", str(ROOT / "results/base/small/code/model")])
     records = json.loads((tmp_path / "device_check_verl.json").read_text())
-    assert [r["method"] for r in records] == ["grpo", "opsd"] and all(r["steps"] == 2 for r in records)
-    for method in ("grpo", "opsd"):
+    assert [r["method"] for r in records] == ["grpo", "opsd", "skill_sd"] and all(r["steps"] == 2 for r in records)
+    for method in ("grpo", "opsd", "skill_sd"):
         cfg = OmegaConf.load(tmp_path / method / "run" / "main_ppo.yaml")
         assert cfg.actor_rollout_ref.model.path == str((tmp_path / "model").resolve())
         assert (tmp_path / method / "data" / "train.parquet").exists()
-        assert cfg.distillation.enabled == (method == "opsd")
+        assert cfg.distillation.enabled == (method != "grpo")
     assert json.loads((tmp_path / "model" / "config.json").read_text())["num_hidden_layers"] == 4

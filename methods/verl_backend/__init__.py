@@ -10,6 +10,9 @@ What exists so far (``docs/verl.md`` tracks the rest):
 * :mod:`.agent_loop` -- the suite's episode as a verl agent loop.
 * :mod:`.bank` and :mod:`.trainer` -- retrieval RL: the experience bank as a Ray actor that the
   agent loops query and stage into, and verl's synchronous trainer that grows it after each step.
+* :mod:`.distill` -- a teacher that reads a privileged prompt (OPSD: the reference solution;
+  Skill-SD: a skill, with :mod:`.skills`, the skill library as a Ray actor, and the trainer's
+  Skill-SD variant, whose teacher is the student on the rollout servers).
 * :mod:`.launch` and :mod:`.metrics` -- a job's ``main_ppo`` config, and the suite's run files
   from a finished verl run.
 
@@ -17,6 +20,9 @@ Nothing here imports verl at package import: ``methods.verl_backend.export`` run
 """
 
 #: methods with a verl path (a ``backend: verl`` profile accepts only these; ``docs/verl.md``)
-SUPPORTED_METHODS = ("grpo", "retrieval_rl", "opsd")
-#: the distilling methods among them, and the privileged context their (frozen) teacher reads
-TEACHER_CONTEXT = {"opsd": "expert"}
+SUPPORTED_METHODS = ("grpo", "retrieval_rl", "opsd", "skill_sd")
+#: the distilling methods among them, and the privileged context their teacher reads
+TEACHER_CONTEXT = {"opsd": "expert", "skill_sd": "skill"}
+#: those whose teacher is a frozen model on GPUs of its own (Skill-SD's teacher is the student
+#: itself, scored on the run's rollout servers)
+TEACHER_POOL = ("opsd",)

@@ -18,7 +18,10 @@ adds the staged ones to the bank after the step.
 
 For OPSD (``lopd_bench.teacher_context: expert``), each training episode also carries the prompt
 its teacher reads, the task's reference solution ahead of the task, under :data:`TEACHER_PROMPT`
-(:mod:`methods.verl_backend.distill` scores the response after it).
+(:mod:`methods.verl_backend.distill` scores the response after it).  For Skill-SD
+(``teacher_context: skill``, with a ``lopd_bench.skills`` section), that prompt carries the skill
+the run's skill library (:mod:`methods.verl_backend.skills`) chose for the task, and the finished
+training episode's outcome is staged there; a task with no skill yet has no teacher prompt.
 
 An episode ends when the environment says so, after the task's ``max_turns`` assistant turns, or
 when the response would outgrow ``rollout.response_length`` (then it is cut, as the suite's engine
@@ -39,6 +42,7 @@ from tasks.base import Task, TaskDomain
 
 from .bank import SECTION, bank_client, retrieval_settings
 from .export import AGENT_NAME, task_of_row
+from .skills import skill_settings, skills_client
 
 __all__ = ["EpisodeAgentLoop", "play_episode"]
 
@@ -138,7 +142,7 @@ TEACHER_PROMPT = "lopd_bench_teacher_prompt_ids"
 
 def teacher_context(config) -> str | None:
     """The privileged context the teacher reads (``lopd_bench.teacher_context``: ``expert``, the
-    task's reference solution; None: no privileged teacher)."""
+    task's reference solution; ``skill``, the skill chosen for the task; None: no privileged teacher)."""
     section = config.get(SECTION) if config is not None else None
     return section.get("teacher_context") if section is not None else None
 
@@ -155,15 +159,22 @@ class EpisodeAgentLoop(AgentLoopBase):
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
         row = kwargs["extra_info"]
         domain, task = task_of_row(row, _DOMAINS)
-        context, on_finish = None, None
+        context, skill, finishers = None, None, []
         retrieval = retrieval_settings(self.config)
         if retrieval is not None:  # retrieval RL: experience in the student's prompt; training episodes grow the bank
             bank = bank_client(retrieval)
             context = await bank.context(row)
             if task.split == "train":
+                finishers.append(lambda episode: bank.stage(row, episode.turns, float(episode.reward())))
+        skills = skill_settings(self.config)
+        if skills is not None and task.split == "train":  # Skill-SD: the teacher reads the task's skill
+            library = skills_client(skills)
+            skill = await library.choose(row)
+            finishers.append(lambda episode: library.stage(row, episode))
 
-                async def on_finish(episode):
-                    await bank.stage(row, episode.turns, float(episode.reward()))
+        async def on_finish(episode):
+            for finish in finishers:
+                await finish(episode)
 
         out = await play_episode(
             self.server_manager.generate,
@@ -173,11 +184,13 @@ class EpisodeAgentLoop(AgentLoopBase):
             sampling_params,
             self.response_length,
             context=context,
-            on_finish=on_finish,
+            on_finish=on_finish if finishers else None,
         )
-        if teacher_context(self.config) == "expert" and task.split == "train":
-            # OPSD: the teacher reads the response after the task's reference solution (methods/verl_backend/distill.py)
-            out.extra_fields[TEACHER_PROMPT] = initial_prompt_ids(
-                self.encoder, domain, task, _expert_trace(domain, task)
-            )
+        privileged = teacher_context(self.config)
+        if privileged is not None and task.split == "train":
+            # the teacher reads the response after the privileged context (methods/verl_backend/distill.py):
+            # OPSD the task's reference solution, Skill-SD the chosen skill (none yet: no teacher signal)
+            text = _expert_trace(domain, task) if privileged == "expert" else skill
+            if text is not None:
+                out.extra_fields[TEACHER_PROMPT] = initial_prompt_ids(self.encoder, domain, task, text)
         return out

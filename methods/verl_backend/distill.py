@@ -23,8 +23,16 @@ the task's reference solution ahead of the task).  So:
 * :class:`PrivilegedAgentLoopManager` is verl's TransferQueue manager with that worker
   (``actor_rollout_ref.rollout.agent.agent_loop_manager_class``).
 
-The teacher is the frozen warm-start policy (``distillation.teacher_models.teacher_model.model_path``
-is the run's base model), as OPSD's teacher is in the suite's loop.
+OPSD's teacher is the frozen warm-start policy (``distillation.teacher_models.teacher_model.model_path``
+is the run's base model), as in the suite's loop.  Skill-SD's teacher is the student itself,
+synced every step, reading the skill chosen for the task (``lopd_bench.teacher_context: skill``):
+its "teacher servers" are the run's own rollout servers, which hold the current student's weights
+while the step's episodes are played (:class:`methods.verl_backend.trainer.SkillTrainer` hands
+verl their client as the teacher's, and no teacher pool is started).  It scores the sampled tokens
+only (``prompt_logprobs`` 0, as for verl's estimator losses), and a rollout whose task has no skill
+yet gets :func:`no_teacher_rows`, which the sampled reverse KL leaves out.  A teacher sequence
+longer than ``lopd_bench.teacher_max_len`` is not scored either (the suite's teacher gives no
+signal past the model's positions).
 """
 
 from __future__ import annotations
@@ -34,8 +42,15 @@ import torch
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
 
 from .agent_loop import TEACHER_PROMPT
+from .bank import SECTION
 
-__all__ = ["TEACHER_PROMPT", "align_to_student", "PrivilegedAgentLoopWorker", "PrivilegedAgentLoopManager"]
+__all__ = [
+    "TEACHER_PROMPT",
+    "align_to_student",
+    "no_teacher_rows",
+    "PrivilegedAgentLoopWorker",
+    "PrivilegedAgentLoopManager",
+]
 
 
 def align_to_student(
@@ -60,23 +75,42 @@ def align_to_student(
     return torch.cat([filler_ids, teacher_ids[keep:]]), torch.cat([filler_logprobs, teacher_logprobs[keep:]])
 
 
+def no_teacher_rows(length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Teacher rows for a sequence of ``length`` tokens whose teacher read nothing privileged:
+    log-probability :data:`~methods.verl_backend.plugin.NO_TEACHER` everywhere, which the sampled
+    reverse KL leaves out (Skill-SD's rollouts whose task has no skill yet)."""
+    from .plugin import NO_TEACHER
+
+    return torch.zeros((length, 1), dtype=torch.int32), torch.full((length, 1), NO_TEACHER)
+
+
 class PrivilegedAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
     """verl's agent-loop worker whose teacher reads the episode's privileged prompt (module docstring)."""
 
     async def _compute_teacher_logprobs(self, output, prompt_ids, response_ids, validate, sample_kwargs=None):
         teacher_prompt = output.extra_fields.pop(TEACHER_PROMPT, None)
-        if teacher_prompt is None:  # an episode without a privileged context: verl's own teacher input
+        if validate or not self.distillation_enabled:  # verl's own (which scores nothing then)
+            return await super()._compute_teacher_logprobs(output, prompt_ids, response_ids, validate, sample_kwargs)
+        section = self.config.get(SECTION) or {}
+        limit = section.get("teacher_max_len")
+        if teacher_prompt is not None and limit and len(teacher_prompt) + len(response_ids) > limit:
+            teacher_prompt = None  # the teacher's sequence would not fit its server; no signal, as the suite's Teacher
+        if teacher_prompt is None:
+            if section.get("teacher_context") == "skill":  # no skill for this task yet: the GRPO term only
+                ids, logprobs = no_teacher_rows(len(prompt_ids) + len(response_ids))
+                output.extra_fields["teacher_ids"], output.extra_fields["teacher_logprobs"] = ids, logprobs
+                return
+            # an episode without a privileged context: verl's own teacher input
             return await super()._compute_teacher_logprobs(output, prompt_ids, response_ids, validate, sample_kwargs)
         teacher_prompt = list(teacher_prompt)
         await super()._compute_teacher_logprobs(output, teacher_prompt, response_ids, validate, sample_kwargs)
-        if "teacher_ids" in output.extra_fields:  # scored (training episodes only)
-            output.extra_fields["teacher_ids"], output.extra_fields["teacher_logprobs"] = align_to_student(
-                output.extra_fields["teacher_ids"],
-                output.extra_fields["teacher_logprobs"],
-                len(teacher_prompt),
-                len(prompt_ids),
-                self.tokenizer.pad_token_id,
-            )
+        output.extra_fields["teacher_ids"], output.extra_fields["teacher_logprobs"] = align_to_student(
+            output.extra_fields["teacher_ids"],
+            output.extra_fields["teacher_logprobs"],
+            len(teacher_prompt),
+            len(prompt_ids),
+            self.tokenizer.pad_token_id,
+        )
 
 
 class PrivilegedAgentLoopManager(AgentLoopManagerTQ):

@@ -8,7 +8,8 @@ is ``train.rollouts_per_step``, and ``trainer.total_training_steps`` x that is
 ``train.rollout_budget``.  verl validates before training and every ``train.eval_every`` rollouts,
 dumping per-episode scores for the metrics adapter (:mod:`.metrics`).
 
-Only the methods whose verl path exists are accepted (GRPO, retrieval RL and OPSD today; ``docs/verl.md``).
+Only the methods whose verl path exists are accepted (GRPO, retrieval RL, OPSD and Skill-SD today;
+``docs/verl.md``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from methods.verl_backend import SUPPORTED_METHODS, TEACHER_CONTEXT
+from methods.verl_backend import SUPPORTED_METHODS, TEACHER_CONTEXT, TEACHER_POOL
 
 __all__ = ["SUPPORTED_METHODS", "main_ppo_config", "validate", "write_config", "rollouts_per_step"]
 
@@ -116,7 +117,7 @@ def main_ppo_config(
         "trainer.nnodes": nnodes,
         "trainer.save_freq": _steps(job, "eval_every"),
     }
-    if method in TEACHER_CONTEXT:
+    if method in TEACHER_POOL:
         overrides.update(_distillation(job, model_path, prompt_len))
     else:  # GRPO's outcome advantage and clipped loss (retrieval RL: GRPO with experience in the prompt)
         overrides.update(
@@ -130,6 +131,8 @@ def main_ppo_config(
         )
     if method == "retrieval_rl":
         overrides.update(_retrieval(job, seed, bank_path))
+    if method == "skill_sd":
+        overrides.update(_skill_sd(job, seed, model_path, prompt_len))
     config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
     with initialize_config_dir(config_dir=config_dir, version_base=None):
         cfg = compose("ppo_trainer")
@@ -208,6 +211,46 @@ def _retrieval(job: dict, seed: int, bank_path: str | Path | None) -> dict:
             "allow_self_retrieval": bool(mc["allow_self_retrieval"]),
             "bank_config": dict(bank),
             "seed": str(Path(bank_path).resolve()) if bank["seed_tasks"] > 0 else None,
+        },
+    }
+
+
+def _skill_sd(job: dict, seed: int, model_path: str | Path, prompt_len: int) -> dict:
+    """Skill-SD's settings: GRPO (set above, with Skill-SD's clip range) plus λ_sdl times the
+    sampled-token reverse KL to the student itself reading the task's skill; the teacher is scored
+    on the run's rollout servers (:class:`.trainer.SkillTrainer`), and the skills live in a library
+    actor the agent loops reach (:mod:`.skills`)."""
+    from methods.verl_backend.plugin import DISTILLATION_LOSS, IS_CLIP
+    from methods.verl_backend.trainer import SKILL_TRAINER
+
+    mc = job["method_config"]
+    if mc["is_clip"] != IS_CLIP:
+        raise ValueError(f"skill_sd: is_clip {mc['is_clip']} has no verl path; the plugin's term caps at {IS_CLIP}")
+    teacher = "distillation.teacher_models.teacher_model"
+    limit = _teacher_context_length(job, model_path, prompt_len)
+    return {
+        "distillation.enabled": True,
+        # verl's config checks a one-GPU teacher pool; SkillTrainer starts none (the teacher is the student)
+        "distillation.n_gpus_per_node": 1,
+        "distillation.nnodes": 1,
+        f"{teacher}.model_path": str(model_path),
+        f"{teacher}.inference.tensor_model_parallel_size": 1,
+        "distillation.distillation_loss.loss_mode": DISTILLATION_LOSS,
+        "distillation.distillation_loss.use_task_rewards": True,  # GRPO's loss, plus the term below
+        "distillation.distillation_loss.distillation_loss_coef": float(mc["sdl_weight"]),
+        "distillation.distillation_loss.use_policy_gradient": False,  # the surrogate is back-propagated
+        "distillation.distillation_loss.loss_max_clamp": None,  # the suite clamps nothing
+        "distillation.distillation_loss.log_prob_min_clamp": None,
+        # the teacher's sequence is the student's plus the skill, on the same servers
+        "actor_rollout_ref.rollout.max_model_len": limit,
+        "actor_rollout_ref.rollout.agent.agent_loop_manager_class": "methods.verl_backend.distill.PrivilegedAgentLoopManager",
+        "trainer.v1.trainer_mode": SKILL_TRAINER,
+        "lopd_bench.teacher_context": TEACHER_CONTEXT["skill_sd"],
+        "lopd_bench.teacher_max_len": limit,
+        "lopd_bench.skills": {
+            "actor": f"lopd_bench_skills/{job['domain']}/skill_sd/seed{seed}",
+            "ucb_c": float(mc["ucb_c"]),
+            "max_skill_chars": int(mc["max_skill_chars"]),
         },
     }
 

@@ -36,6 +36,10 @@ TRAIN_FIELDS = {
     "clipfrac": "actor/pg_clipfrac",
     "bank_added": "bank/added",  # retrieval RL's trainer (methods/verl_backend/trainer.py)
     "bank_size": "bank/size",
+    "skills": "skills/size",  # Skill-SD's trainer (methods/verl_backend/trainer.py), as the suite's loop logs them
+    "skills_added": "skills/added",
+    "skill_share": "skills/share",
+    "sdl_kl": "actor/distillation/sampled_reverse_kl",  # the plugin's metric; verl prefixes the actor's with actor/
 }
 
 

@@ -15,8 +15,9 @@ verl imports every entry point of the ``verl.plugins`` group in each of its proc
   ``agg_loss`` is, so that micro-batches and data-parallel ranks add up to the full batch's loss.
 * distillation ``loss_mode=lopd_bench_sampled_reverse_kl`` -- the suite's sampled-token surrogate
   of KL(student || teacher) (:func:`methods.divergences.sampled_token_reverse_kl`, Skill-SD's
-  term), whose gradient is the score-function estimate of the KL's gradient; verl's ``k1``
-  estimator has the same value in expectation but a gradient that ignores the teacher.
+  term, importance-weighted as the suite's), whose gradient is the score-function estimate of the
+  KL's gradient; verl's ``k1`` estimator has the same value in expectation but a gradient that
+  ignores the teacher.
 
 The full-vocabulary divergences (forward/reverse KL, JSD, top-k with tail) need the student's
 logits, which verl shows only to a logits processor, and verl's teacher servers return top-k
@@ -38,7 +39,15 @@ from methods.divergences import sampled_token_reverse_kl
 from methods.grpo import groups_with_variance
 from methods.losses import group_ids, grpo_outcome_advantage, ppo_clip_loss
 
-__all__ = ["ADV_ESTIMATOR", "ADV_ESTIMATOR_KEEP", "POLICY_LOSS", "DISTILLATION_LOSS", "global_scale"]
+__all__ = [
+    "ADV_ESTIMATOR",
+    "ADV_ESTIMATOR_KEEP",
+    "POLICY_LOSS",
+    "DISTILLATION_LOSS",
+    "IS_CLIP",
+    "NO_TEACHER",
+    "global_scale",
+]
 
 ADV_ESTIMATOR = "lopd_bench_grpo"
 ADV_ESTIMATOR_KEEP = "lopd_bench_grpo_keep"
@@ -130,18 +139,40 @@ def ppo_loss(
     return loss, metrics
 
 
+#: the cap of Skill-SD's importance weight π_S/π_old on the distillation term (``SkillSDConfig.is_clip``)
+IS_CLIP = 2.0
+#: a teacher "log-probability" that no distribution gives (it is positive): the rows of a rollout
+#: whose teacher read nothing privileged (its task has no skill yet), which the term leaves out, as the
+#: suite's Skill-SD leaves out rollouts without a skill (methods/verl_backend/distill.py writes them)
+NO_TEACHER = 1.0
+
+
 def sampled_reverse_kl(config, distillation_config, model_output, data) -> tuple[torch.Tensor, dict[str, Any]]:
-    """``lopd_bench_sampled_reverse_kl``: per response token ``sg[log π_S(a) − log π_T(a)] · log π_S(a)``
-    (the suite's sampled-token reverse KL), ``[B, T]``; verl masks and aggregates it."""
+    """``lopd_bench_sampled_reverse_kl``: per response token ``sg[log π_S(a) − log π_T(a)] · log π_S(a)``,
+    importance-weighted by ``min(π_S(a)/π_old(a), IS_CLIP)`` (the suite's sampled-token reverse KL,
+    Skill-SD's term), ``[B, T]``, 0 on the rows of rollouts without a teacher (:data:`NO_TEACHER`);
+    verl masks and aggregates it.  Its metric is the sampled estimate of KL(π_S ‖ π_T) over the
+    tokens that have a teacher, as the suite logs ``sdl_kl``."""
     from verl.workers.utils.padding import no_padding_2_padding
 
     student = no_padding_2_padding(model_output["log_probs"], data)
     teacher = no_padding_2_padding(data["teacher_logprobs"], data).squeeze(-1)
-    per_token = sampled_token_reverse_kl(student, teacher)
+    old = data.get("old_log_probs", None)
+    if old is not None and old.is_nested:
+        old = old.to_padded_tensor(0.0)
     mask = data["response_mask"]
     mask = mask.to_padded_tensor(False) if mask.is_nested else mask
-    valid = per_token.detach()[mask.bool()]
-    return per_token, {"distillation/sampled_reverse_kl": float(valid.mean()) if valid.numel() else 0.0}
+    taught = teacher <= 0  # NO_TEACHER rows are positive
+    teacher = teacher.clamp(max=0.0)
+    per_token = sampled_token_reverse_kl(student, teacher, old, IS_CLIP if old is not None else None)
+    per_token = torch.where(taught, per_token, torch.zeros_like(per_token))
+    valid = mask.bool() & taught
+    kl = (student - teacher).detach()[valid]
+    metrics = {
+        "distillation/sampled_reverse_kl": float(kl.mean()) if kl.numel() else 0.0,
+        "distillation/taught_token_share": float(valid.sum()) / max(int(mask.bool().sum()), 1),
+    }
+    return per_token, metrics
 
 
 def register() -> None:

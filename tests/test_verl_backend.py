@@ -3,6 +3,7 @@ parquet export read back through verl's RL dataset (verl 0.9.1, installed --no-d
 
 from __future__ import annotations
 
+import contextlib
 import json
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -684,53 +685,72 @@ def test_main_ppo_config_of_retrieval_rl_runs_the_bank_trainer(tmp_path):
     assert "lopd_bench" not in main_ppo_config(dict(job, method="grpo"), 1, **kw)  # GRPO: verl's own sync trainer
 
 
-@pytest.mark.slow  # a local Ray cluster
-def test_retrieval_trainer_grows_the_bank_after_each_step_and_resumes_it(tmp_path, monkeypatch):
-    import asyncio
-
+@contextlib.contextmanager
+def _stubbed_verl_step(monkeypatch):
+    """A local Ray cluster, with verl's own step, checkpoint and initialisation stubbed (they need GPUs
+    and servers): what the suite's trainers add around them runs for real."""
     import ray
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-    from methods.core.config import resolve_job
-    from methods.verl_backend.bank import bank_client
-    from methods.verl_backend.launch import main_ppo_config
-    from methods.verl_backend.trainer import BANK_FILE, RetrievalTrainer, checkpoint_dir
-
-    job = resolve_job(dict(_suite_config(), profile="real-verl"), "code", "retrieval_rl")
-    cfg = main_ppo_config(job, 0, model_path="m", data_dir=tmp_path, run_dir=tmp_path)
-    _, domain, _, _ = _domain_and_encoder("code")
-    rows, tasks = _train_rows(domain, 2)
-    # verl's own step, checkpoint and weight sync need GPUs and servers; the bank's part runs around them
     monkeypatch.setattr(PPOTrainerSync, "on_init_end", lambda self: None)
     monkeypatch.setattr(PPOTrainerSync, "step", lambda self, metrics, timing: "batch")
     monkeypatch.setattr(PPOTrainerSync, "_save_checkpoint", lambda self: None)
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
-        trainer = RetrievalTrainer(cfg)
-        assert trainer.trainer_mode == "sync" == cfg.trainer.v1.trainer_mode  # verl's sync machinery
-        trainer.global_steps = 0
-        trainer.on_init_end()
-        client = bank_client(cfg.lopd_bench.retrieval)  # what an agent loop finds by name
-        expert = domain.expert_trajectory(tasks[0])
-        asyncio.run(client.stage(rows[0], expert.turns, 1.0))
-        assert asyncio.run(client.context(rows[1])) is None  # not before the step's end
-        trainer.global_steps = 1
-        metrics = {}
-        assert trainer.step(metrics, {}) == "batch"
-        assert metrics == {"bank/staged": 1, "bank/added": 1, "bank/size": 1}
-        assert tasks[0].prompt in asyncio.run(client.context(rows[1]))
-        trainer._save_checkpoint()
-        assert (Path(checkpoint_dir(cfg, 1)) / BANK_FILE).exists()
-        ray.kill(trainer.service)
-        resumed = RetrievalTrainer(cfg)
-        resumed.global_steps = 1
-        resumed.on_init_end()
-        assert ray.get(resumed.service.size.remote()) == 1
-        resumed.global_steps = 2
-        with pytest.raises(FileNotFoundError, match="no experience bank"):
-            resumed.on_init_end()
+        yield
     finally:
         ray.shutdown()
+
+
+def _check_resume(trainer, cfg, size, missing):
+    """After ``trainer`` saved step 1's checkpoint: a resumed trainer loads the service's state saved
+    there, and refuses a checkpoint without it (message ``missing``)."""
+    import ray
+
+    from methods.verl_backend.trainer import checkpoint_dir
+
+    assert (Path(checkpoint_dir(cfg, 1)) / type(trainer).FILE).exists()
+    ray.kill(trainer.service)
+    resumed = type(trainer)(cfg)
+    resumed.global_steps = 1
+    resumed.on_init_end()
+    assert ray.get(resumed.service.size.remote()) == size
+    resumed.global_steps = 2
+    with pytest.raises(FileNotFoundError, match=missing):
+        resumed.on_init_end()
+
+
+@pytest.mark.slow  # a local Ray cluster
+def test_retrieval_trainer_grows_the_bank_after_each_step_and_resumes_it(tmp_path, monkeypatch):
+    import asyncio
+
+    from methods.core.config import resolve_job
+    from methods.verl_backend.bank import bank_client
+    from methods.verl_backend.launch import main_ppo_config
+    from methods.verl_backend.trainer import RetrievalTrainer
+
+    job = resolve_job(dict(_suite_config(), profile="real-verl"), "code", "retrieval_rl")
+    cfg = main_ppo_config(job, 0, model_path="m", data_dir=tmp_path, run_dir=tmp_path)
+    _, domain, _, _ = _domain_and_encoder("code")
+    rows, tasks = _train_rows(domain, 2)
+    try:
+        with _stubbed_verl_step(monkeypatch):
+            trainer = RetrievalTrainer(cfg)
+            assert trainer.trainer_mode == "sync" == cfg.trainer.v1.trainer_mode  # verl's sync machinery
+            trainer.global_steps = 0
+            trainer.on_init_end()
+            client = bank_client(cfg.lopd_bench.retrieval)  # what an agent loop finds by name
+            expert = domain.expert_trajectory(tasks[0])
+            asyncio.run(client.stage(rows[0], expert.turns, 1.0))
+            assert asyncio.run(client.context(rows[1])) is None  # not before the step's end
+            trainer.global_steps = 1
+            metrics = {}
+            assert trainer.step(metrics, {}) == "batch"
+            assert metrics == {"bank/staged": 1, "bank/added": 1, "bank/size": 1}
+            assert tasks[0].prompt in asyncio.run(client.context(rows[1]))
+            trainer._save_checkpoint()
+            _check_resume(trainer, cfg, 1, "no experience bank")
+    finally:
         domain.close()
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,10 +17,12 @@ from omegaconf import OmegaConf  # noqa: E402
 from methods.verl_backend import plugin  # noqa: E402
 from tests.test_verl_backend import (  # noqa: E402
     ROWS,
+    _check_resume,
     _domain_and_encoder,
     _expert_actions,
     _privileged_worker,
     _ScriptedServer,
+    _stubbed_verl_step,
     _suite_config,
     _Teacher,
     _teacher_rows,
@@ -289,54 +290,39 @@ def test_skill_sd_verl_train_asks_for_the_students_gpus_only():
 
 @pytest.mark.slow  # a local Ray cluster
 def test_skill_trainer_starts_no_teacher_pool_serves_the_teacher_from_the_rollout_and_resumes(tmp_path, monkeypatch):
-    import ray
     from verl.trainer.ppo.v1.trainer_base import Role
-    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+    from verl.utils.config import omega_conf_to_dataclass
 
     from methods.verl_backend.launch import main_ppo_config
     from methods.verl_backend.skills import skills_client
-    from methods.verl_backend.trainer import SKILLS_FILE, SkillTrainer, checkpoint_dir
+    from methods.verl_backend.trainer import SkillTrainer
 
     cfg = main_ppo_config(_skill_job(), 0, model_path="m", data_dir=tmp_path, run_dir=tmp_path)
     _, domain, _, _ = _domain_and_encoder("code")
     rows, _ = _train_rows(domain, 2)
-    monkeypatch.setattr(PPOTrainerSync, "on_init_end", lambda self: None)
-    monkeypatch.setattr(PPOTrainerSync, "step", lambda self, metrics, timing: "batch")
-    monkeypatch.setattr(PPOTrainerSync, "_save_checkpoint", lambda self: None)
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
-        trainer = SkillTrainer(cfg)
-        assert trainer.trainer_mode == "sync" and not trainer.use_teacher_policy
-        trainer._init_resource_pool_mgr()  # verl's plan of GPU pools, without starting them
-        assert "teacher_pool" not in trainer.resource_pool_manager.resource_pool_spec
-        assert Role.TeacherModel not in trainer.mapping and cfg.distillation.enabled  # the loss still distils
-        from verl.utils.config import omega_conf_to_dataclass
-
-        trainer.distillation_config = omega_conf_to_dataclass(cfg.distillation)
-        rollout = object()
-        monkeypatch.setattr(SkillTrainer, "get_llm_client", lambda self: rollout)
-        assert trainer.get_teacher_client() == {"default": rollout}  # the teacher is the student's own servers
-        trainer.global_steps = 0
-        trainer.on_init_end()
-        client = skills_client(cfg.lopd_bench.skills)
-        assert asyncio.run(client.choose(rows[0])) is None
-        episode = type("E", (), {"turns": [], "reward": lambda self: 1.0, "feedback": lambda self: "ok"})()
-        asyncio.run(client.stage(rows[0], episode))
-        trainer.global_steps = 1
-        metrics = {}
-        assert trainer.step(metrics, {}) == "batch"
-        assert metrics == {"skills/staged": 1, "skills/added": 1, "skills/size": 1, "skills/share": 0.0}
-        assert asyncio.run(client.choose(rows[0])) is not None  # the task's own group now has a skill
-        trainer._save_checkpoint()
-        assert (Path(checkpoint_dir(cfg, 1)) / SKILLS_FILE).exists()
-        ray.kill(trainer.service)
-        resumed = SkillTrainer(cfg)
-        resumed.global_steps = 1
-        resumed.on_init_end()
-        assert ray.get(resumed.service.size.remote()) == 1
-        resumed.global_steps = 2
-        with pytest.raises(FileNotFoundError, match="no skill library"):
-            resumed.on_init_end()
+        with _stubbed_verl_step(monkeypatch):
+            trainer = SkillTrainer(cfg)
+            assert trainer.trainer_mode == "sync" and not trainer.use_teacher_policy
+            trainer._init_resource_pool_mgr()  # verl's plan of GPU pools, without starting them
+            assert "teacher_pool" not in trainer.resource_pool_manager.resource_pool_spec
+            assert Role.TeacherModel not in trainer.mapping and cfg.distillation.enabled  # the loss still distils
+            trainer.distillation_config = omega_conf_to_dataclass(cfg.distillation)  # as _setup leaves it
+            rollout = object()
+            monkeypatch.setattr(SkillTrainer, "get_llm_client", lambda self: rollout)
+            assert trainer.get_teacher_client() == {"default": rollout}  # the teacher is the student's own servers
+            trainer.global_steps = 0
+            trainer.on_init_end()
+            client = skills_client(cfg.lopd_bench.skills)  # what an agent loop finds by name
+            assert asyncio.run(client.choose(rows[0])) is None
+            episode = type("Episode", (), {"turns": [], "reward": lambda self: 1.0, "feedback": lambda self: "ok"})()
+            asyncio.run(client.stage(rows[0], episode))
+            trainer.global_steps = 1
+            metrics = {}
+            assert trainer.step(metrics, {}) == "batch"
+            assert metrics == {"skills/staged": 1, "skills/added": 1, "skills/size": 1, "skills/share": 0.0}
+            assert asyncio.run(client.choose(rows[0])) is not None  # the task's own group now has a skill
+            trainer._save_checkpoint()
+            _check_resume(trainer, cfg, 1, "no skill library")
     finally:
-        ray.shutdown()
         domain.close()

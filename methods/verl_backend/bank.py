@@ -31,6 +31,7 @@ from methods.core.settings import BankConfig
 from methods.experience.bank import LeakError
 from tasks.base import Turn
 
+from .actors import ActorClient, named_client
 from .export import task_of_row
 
 __all__ = ["BankService", "BankClient", "start_bank", "bank_client", "retrieval_settings"]
@@ -124,18 +125,8 @@ def start_bank(settings: dict):
     )
 
 
-class BankClient:
-    """What an agent loop needs of the bank, as awaitables: the bank actor's methods through Ray,
-    or a :class:`BankService` in this process (the tests' fake generation server runs without Ray)."""
-
-    def __init__(self, target):
-        self.target = target
-
-    async def _call(self, name: str, *args):
-        method = getattr(self.target, name)
-        if hasattr(method, "remote"):
-            return await method.remote(*args)
-        return method(*args)
+class BankClient(ActorClient):
+    """What an agent loop needs of the bank, as awaitables (:class:`.actors.ActorClient`)."""
 
     async def context(self, row: dict) -> str | None:
         return (await self._call("contexts", [row]))[0]
@@ -144,14 +135,6 @@ class BankClient:
         await self._call("stage", row, [(t.action, t.observation) for t in turns], reward)
 
 
-_clients: dict[str, BankClient] = {}
-
-
 def bank_client(settings: dict) -> BankClient:
     """The client of the run's bank actor (looked up by name once per process)."""
-    name = settings["actor"]
-    if name not in _clients:
-        import ray
-
-        _clients[name] = BankClient(ray.get_actor(name))
-    return _clients[name]
+    return named_client(settings["actor"], BankClient)

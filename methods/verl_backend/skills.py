@@ -36,6 +36,7 @@ from pathlib import Path
 from methods.core.contexts import SKILL_MAX_CHARS, skill_summary
 from methods.experience.bank import LeakError
 
+from .actors import ActorClient, named_client
 from .bank import SECTION
 from .export import task_of_row
 
@@ -134,18 +135,8 @@ def start_skills(settings: dict):
     )
 
 
-class SkillClient:
-    """What an agent loop needs of the library, as awaitables: the actor's methods through Ray, or a
-    :class:`SkillService` in this process (the tests' fake generation server runs without Ray)."""
-
-    def __init__(self, target):
-        self.target = target
-
-    async def _call(self, name: str, *args):
-        method = getattr(self.target, name)
-        if hasattr(method, "remote"):
-            return await method.remote(*args)
-        return method(*args)
+class SkillClient(ActorClient):
+    """What an agent loop needs of the library, as awaitables (:class:`.actors.ActorClient`)."""
 
     async def choose(self, row: dict) -> str | None:
         return await self._call("choose", row)
@@ -154,14 +145,6 @@ class SkillClient:
         await self._call("stage", row, [t.action for t in episode.turns], float(episode.reward()), episode.feedback())
 
 
-_clients: dict[str, SkillClient] = {}
-
-
 def skills_client(settings: dict) -> SkillClient:
     """The client of the run's skill-library actor (looked up by name once per process)."""
-    name = settings["actor"]
-    if name not in _clients:
-        import ray
-
-        _clients[name] = SkillClient(ray.get_actor(name))
-    return _clients[name]
+    return named_client(settings["actor"], SkillClient)

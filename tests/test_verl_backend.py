@@ -204,6 +204,7 @@ def _response_grad(flat, rows=ROWS):
 
 def test_sampled_reverse_kl_gradient_is_the_importance_weighted_score_function_estimate():
     from methods.divergences import sampled_token_reverse_kl
+    from methods.verl_backend.metrics import KL_SUM, RESPONSE_TOKENS, TAUGHT_TOKENS
 
     flat, logp, data = _verl_batch(ROWS)
     teacher = logp - 0.5 * torch.rand_like(logp)
@@ -223,8 +224,9 @@ def test_sampled_reverse_kl_gradient_is_the_importance_weighted_score_function_e
     assert not per_token[2].any() and per_token[taught].abs().sum() > 0
     ratio = torch.exp(logp - data["old_log_probs"])[taught]
     assert (ratio > plugin.IS_CLIP).any() and (ratio < 1).any()  # the cap and the weight both matter here
-    assert metrics["distillation/sampled_reverse_kl"] == pytest.approx(float((logp - teacher)[taught].mean()))
-    assert metrics["distillation/taught_token_share"] == pytest.approx(float(taught.sum() / mask.sum()))
+    sums = {k: m.aggregate() for k, m in metrics.items()}  # verl's Metric objects, of kind SUM
+    assert sums[KL_SUM] == pytest.approx(float((logp - teacher)[taught].sum()))
+    assert sums[TAUGHT_TOKENS] == int(taught.sum()) and sums[RESPONSE_TOKENS] == int(mask.sum())
 
 
 # --------------------------------------------------------------------------- parquet export
@@ -513,6 +515,12 @@ def test_main_ppo_config_matches_the_job_and_passes_verls_validation(small_job, 
     assert cfg.trainer.total_training_steps * train["rollouts_per_step"] == train["rollout_budget"]  # the budget
     assert cfg.trainer.test_freq * train["rollouts_per_step"] == train["eval_every"] and cfg.trainer.val_before_train
     assert cfg.algorithm.adv_estimator == plugin.ADV_ESTIMATOR
+    # the estimator clears zero-variance rows of response_mask; verl's v1 trainer writes that mask back
+    # for the loss only while rollout correction is on (trainer_base._compute_advantage): its config set,
+    # not bypassed, and the rollouts' log-probs in the batch; and without IS weights, which the loss refuses
+    correction = cfg.algorithm.rollout_correction
+    assert correction is not None and not correction.bypass_mode and correction.rollout_is is None
+    assert cfg.actor_rollout_ref.rollout.calculate_log_probs
     assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == plugin.POLICY_LOSS
     assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size * n == train["minibatch_rollouts"]
     assert cfg.data.train_files == str(tmp_path / "data" / "train.parquet") and cfg.data.seed == 3

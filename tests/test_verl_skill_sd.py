@@ -184,7 +184,9 @@ def test_skill_sd_teacher_rows_without_a_skill_or_past_the_servers_length_carry_
 
     fields, calls = run({TEACHER_PROMPT: teacher_prompt})
     assert calls == [teacher_prompt + response] and fields["teacher_logprobs"].shape == (len(prompt + response), 1)
-    for fields, calls in (run({}), run({TEACHER_PROMPT: teacher_prompt}, limit=len(teacher_prompt + response) - 1)):
+    fields, calls = run({TEACHER_PROMPT: teacher_prompt}, limit=len(teacher_prompt + response) + 1)
+    assert len(calls) == 1  # fits: the server also generates one token after the sequence
+    for fields, calls in (run({}), run({TEACHER_PROMPT: teacher_prompt}, limit=len(teacher_prompt + response))):
         assert calls == []  # nothing is sent to the servers
         assert fields["teacher_ids"].shape == fields["teacher_logprobs"].shape == (len(prompt + response), 1)
         assert (fields["teacher_logprobs"] == plugin.NO_TEACHER).all()
@@ -237,26 +239,24 @@ def test_skill_sd_loss_through_verls_distillation_ppo_loss_is_the_suites():
 def test_metrics_adapter_carries_skill_sds_metrics_into_the_run_files(tmp_path):
     import json
 
-    from methods.verl_backend.metrics import write_run_files
+    from methods.verl_backend.metrics import KL_SUM, RESPONSE_TOKENS, TAUGHT_TOKENS, write_run_files
     from tests.test_verl_backend import _fake_verl_run
 
     job = _skill_job()
     job = dict(job, train=dict(job["train"], rollout_budget=128, rollouts_per_step=64, eval_every=64))
 
     def extra(step):
-        return {
-            "skills/size": 3.0 * step,
-            "skills/added": 3.0,
-            "skills/share": 0.5,
-            "actor/distillation/sampled_reverse_kl": 0.1,
-        }
+        sums = {KL_SUM: 2.0 * step, TAUGHT_TOKENS: 20.0, RESPONSE_TOKENS: 80.0}  # the plugin's, summed by verl
+        skills = {"skills/size": 3.0 * step, "skills/added": 3.0, "skills/share": 0.5}
+        return skills | {f"actor/{k}": v for k, v in sums.items()}
 
     log, val, _ = _fake_verl_run(tmp_path, steps=2, val_steps=[1, 2], extra=extra)
     write_run_files(job, "skill_sd", 0, log, val, tmp_path / "run")
     train = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in train if r["kind"] == "train"]
     assert [r["skills"] for r in train] == [3.0, 6.0]  # the names the suite's Skill-SD logs
-    assert all(r["skills_added"] == 3.0 and r["skill_share"] == 0.5 and r["sdl_kl"] == 0.1 for r in train)
+    assert [r["sdl_kl"] for r in train] == [0.1, 0.2]  # per taught token: the sums' ratio
+    assert all(r["skills_added"] == 3.0 and r["skill_share"] == 0.5 and r["taught_token_share"] == 0.25 for r in train)
 
 
 # --------------------------------------------------------------------------- config and trainer
@@ -270,7 +270,8 @@ def test_main_ppo_config_of_skill_sd_distils_from_the_student_with_no_teacher_po
     validate(cfg)
     assert cfg.trainer.v1.trainer_mode == SKILL_TRAINER
     assert cfg.actor_rollout_ref.rollout.n == job["method_config"]["group_size"] == 4
-    assert cfg.actor_rollout_ref.actor.clip_ratio_high == 0.28 and cfg.algorithm.adv_estimator == plugin.ADV_ESTIMATOR
+    assert cfg.actor_rollout_ref.actor.clip_ratio_high == 0.28
+    assert cfg.algorithm.adv_estimator == plugin.ADV_ESTIMATOR_KEEP  # zero-variance groups keep their mask
     loss = cfg.distillation.distillation_loss
     assert loss.loss_mode == plugin.DISTILLATION_LOSS and loss.use_task_rewards and not loss.use_policy_gradient
     assert loss.loss_max_clamp is None
@@ -278,6 +279,33 @@ def test_main_ppo_config_of_skill_sd_distils_from_the_student_with_no_teacher_po
     assert cfg.lopd_bench.teacher_max_len == cfg.actor_rollout_ref.rollout.max_model_len  # the teacher's own servers
     with pytest.raises(ValueError, match="is_clip 3.0 has no verl path"):
         main_ppo_config(dict(job, method_config=dict(job["method_config"], is_clip=3.0)), 0, **kw)
+
+
+def test_verls_distillation_loss_cannot_take_a_micro_batch_whose_mask_is_empty():
+    """Why Skill-SD keeps zero-variance groups in the response mask on verl: with one rollout per
+    micro-batch, the dropping estimator's empty masks would stop the run in verl's distillation loss."""
+    from verl.trainer.distillation.losses import distillation_ppo_loss
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.config import FSDPActorConfig, PolicyLossConfig
+
+    from methods.verl_backend.launch import main_ppo_config
+
+    cfg = main_ppo_config(_skill_job(), 0, model_path="m", data_dir="d", run_dir="r")
+    assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 1
+    actor = FSDPActorConfig(
+        strategy="fsdp", ppo_mini_batch_size=1, ppo_micro_batch_size_per_gpu=1, use_dynamic_bsz=False, rollout_n=1,
+        policy_loss=PolicyLossConfig(loss_mode=plugin.POLICY_LOSS), clip_ratio_low=0.2, clip_ratio_high=0.28,
+    )  # fmt: skip
+    rows = ROWS[:1]
+    flat, logp, data = _verl_batch(rows)
+    data["teacher_logprobs"] = _teacher_rows(logp - 0.1, rows)
+    tu.assign_non_tensor(data, dp_size=1, batch_num_tokens=1, global_batch_size=1)
+    loss, _ = distillation_ppo_loss(actor, omega_conf_to_dataclass(cfg.distillation), {"log_probs": flat}, data)
+    assert torch.isfinite(loss)  # a kept row (advantage 0, mask whole) trains
+    data["response_mask"] = torch.zeros_like(data["response_mask"])  # what the dropping estimator leaves
+    with pytest.raises(RuntimeError):
+        distillation_ppo_loss(actor, omega_conf_to_dataclass(cfg.distillation), {"log_probs": flat}, data)
 
 
 def test_skill_sd_verl_train_asks_for_the_students_gpus_only():

@@ -93,8 +93,10 @@ class PrivilegedAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
             return await super()._compute_teacher_logprobs(output, prompt_ids, response_ids, validate, sample_kwargs)
         section = self.config.get(SECTION) or {}
         limit = section.get("teacher_max_len")
-        if teacher_prompt is not None and limit and len(teacher_prompt) + len(response_ids) > limit:
-            teacher_prompt = None  # the teacher's sequence would not fit its server; no signal, as the suite's Teacher
+        if teacher_prompt is not None and limit and len(teacher_prompt) + len(response_ids) >= limit:
+            # the teacher's sequence would not fit its server (which also generates one token after it):
+            # no signal, as the suite's Teacher gives none past the model's positions
+            teacher_prompt = None
         if teacher_prompt is None:
             if section.get("teacher_context") == "skill":  # no skill for this task yet: the GRPO term only
                 ids, logprobs = no_teacher_rows(len(prompt_ids) + len(response_ids))

@@ -220,7 +220,7 @@ def _skill_sd(job: dict, seed: int, model_path: str | Path, prompt_len: int) -> 
     sampled-token reverse KL to the student itself reading the task's skill; the teacher is scored
     on the run's rollout servers (:class:`.trainer.SkillTrainer`), and the skills live in a library
     actor the agent loops reach (:mod:`.skills`)."""
-    from methods.verl_backend.plugin import DISTILLATION_LOSS, IS_CLIP
+    from methods.verl_backend.plugin import ADV_ESTIMATOR_KEEP, DISTILLATION_LOSS, IS_CLIP
     from methods.verl_backend.trainer import SKILL_TRAINER
 
     mc = job["method_config"]
@@ -241,6 +241,11 @@ def _skill_sd(job: dict, seed: int, model_path: str | Path, prompt_len: int) -> 
         "distillation.distillation_loss.use_policy_gradient": False,  # the surrogate is back-propagated
         "distillation.distillation_loss.loss_max_clamp": None,  # the suite clamps nothing
         "distillation.distillation_loss.log_prob_min_clamp": None,
+        # zero-variance groups stay in the response mask (advantage 0): verl's distillation loss fails
+        # on a micro-batch whose mask is empty (its loss-range metric), and the suite's Skill-SD
+        # distils those rollouts too; the PPO term is then normalised over every response token, as
+        # verl's grpo does, where the suite's default normalises over the varied groups' (docs/verl.md)
+        "algorithm.adv_estimator": ADV_ESTIMATOR_KEEP,
         # the teacher's sequence is the student's plus the skill, on the same servers
         "actor_rollout_ref.rollout.max_model_len": limit,
         "actor_rollout_ref.rollout.agent.agent_loop_manager_class": "methods.verl_backend.distill.PrivilegedAgentLoopManager",

@@ -39,7 +39,18 @@ TRAIN_FIELDS = {
     "skills": "skills/size",  # Skill-SD's trainer (methods/verl_backend/trainer.py), as the suite's loop logs them
     "skills_added": "skills/added",
     "skill_share": "skills/share",
-    "sdl_kl": "actor/distillation/sampled_reverse_kl",  # the plugin's metric; verl prefixes the actor's with actor/
+}
+#: the sampled reverse KL's metrics (methods/verl_backend/plugin.py), each a sum over the step's
+#: tokens, so that their ratios are token means however verl splits the step
+KL_SUM, TAUGHT_TOKENS, RESPONSE_TOKENS = (
+    "distillation/sampled_reverse_kl_sum",
+    "distillation/taught_tokens",
+    "distillation/response_tokens",
+)
+#: the suite's train-record field <- the ratio of two of those (verl prefixes the actor's names with actor/)
+RATIO_FIELDS = {
+    "sdl_kl": ("actor/" + KL_SUM, "actor/" + TAUGHT_TOKENS),
+    "taught_token_share": ("actor/" + TAUGHT_TOKENS, "actor/" + RESPONSE_TOKENS),
 }
 
 
@@ -103,6 +114,13 @@ def train_records(verl_log, rollouts_per_step: int) -> list[dict]:
         wall += float(data.get("timing_s/step", 0.0))
         rec = {"kind": "train", "step": step, "rollouts": step * rollouts_per_step, "wall_s": round(wall, 3)}
         rec.update({ours: float(data[theirs]) for ours, theirs in TRAIN_FIELDS.items() if theirs in data})
+        rec.update(
+            {
+                ours: float(data[num]) / float(data[den])
+                for ours, (num, den) in RATIO_FIELDS.items()
+                if num in data and den in data and float(data[den]) > 0
+            }
+        )
         records.append(rec)
     return records
 

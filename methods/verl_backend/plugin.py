@@ -9,7 +9,10 @@ verl imports every entry point of the ``verl.plugins`` group in each of its proc
   loss entirely (``GRPOConfig.drop_zero_variance``), instead of entering verl's token mean with
   advantage 0 and diluting it.  verl's loss reads the response mask, and counts the batch's tokens,
   after the advantage is computed, so the estimator clears those rows of ``response_mask`` in
-  place.  ``lopd_bench_grpo_keep`` keeps them, as verl's ``grpo`` does.
+  place.  verl's v1 trainer writes that mask back for the loss only while rollout correction is
+  on (``algorithm.rollout_correction`` set and the rollouts' log-probs present: verl's defaults,
+  which the generated configs keep; a test checks it).  ``lopd_bench_grpo_keep`` keeps the rows,
+  as verl's ``grpo`` does.
 * ``actor.policy_loss.loss_mode=lopd_bench_ppo`` -- the suite's PPO clipped surrogate with dual
   clip (:func:`methods.losses.ppo_clip_loss`), normalised over the *global* batch as verl's
   ``agg_loss`` is, so that micro-batches and data-parallel ranks add up to the full batch's loss.
@@ -38,6 +41,7 @@ from verl.trainer.ppo import core_algos
 from methods.divergences import sampled_token_reverse_kl
 from methods.grpo import groups_with_variance
 from methods.losses import group_ids, grpo_outcome_advantage, ppo_clip_loss
+from methods.verl_backend.metrics import KL_SUM, RESPONSE_TOKENS, TAUGHT_TOKENS
 
 __all__ = [
     "ADV_ESTIMATOR",
@@ -114,7 +118,7 @@ def ppo_loss(
         raise ValueError(f"{POLICY_LOSS} needs the actor config (its clip ratios)")
     if rollout_is_weights is not None:
         raise ValueError(
-            f"{POLICY_LOSS} applies no rollout-correction weights; set algorithm.rollout_correction to null "
+            f"{POLICY_LOSS} applies no rollout-correction weights; set algorithm.rollout_correction.rollout_is to null "
             "(the suite's runs sample and train on the same policy)"
         )
     clip = config.clip_ratio
@@ -151,8 +155,10 @@ def sampled_reverse_kl(config, distillation_config, model_output, data) -> tuple
     """``lopd_bench_sampled_reverse_kl``: per response token ``sg[log π_S(a) − log π_T(a)] · log π_S(a)``,
     importance-weighted by ``min(π_S(a)/π_old(a), IS_CLIP)`` (the suite's sampled-token reverse KL,
     Skill-SD's term), ``[B, T]``, 0 on the rows of rollouts without a teacher (:data:`NO_TEACHER`);
-    verl masks and aggregates it.  Its metric is the sampled estimate of KL(π_S ‖ π_T) over the
-    tokens that have a teacher, as the suite logs ``sdl_kl``."""
+    verl masks and aggregates it.  Its metrics are sums (:data:`KL_SUM` and the token counts), so
+    that their ratio over a step is the token mean the suite logs as ``sdl_kl``, however verl splits
+    the step into micro-batches and ranks."""
+    from verl.utils.metric import AggregationType, Metric
     from verl.workers.utils.padding import no_padding_2_padding
 
     student = no_padding_2_padding(model_output["log_probs"], data)
@@ -167,12 +173,14 @@ def sampled_reverse_kl(config, distillation_config, model_output, data) -> tuple
     per_token = sampled_token_reverse_kl(student, teacher, old, IS_CLIP if old is not None else None)
     per_token = torch.where(taught, per_token, torch.zeros_like(per_token))
     valid = mask.bool() & taught
-    kl = (student - teacher).detach()[valid]
-    metrics = {
-        "distillation/sampled_reverse_kl": float(kl.mean()) if kl.numel() else 0.0,
-        "distillation/taught_token_share": float(valid.sum()) / max(int(mask.bool().sum()), 1),
+    sums = {
+        KL_SUM: float((student - teacher).detach()[valid].sum()),
+        TAUGHT_TOKENS: float(valid.sum()),
+        RESPONSE_TOKENS: float(mask.bool().sum()),
     }
-    return per_token, metrics
+    # a Metric of kind SUM: verl adds it over micro-batches and averages it over data-parallel ranks;
+    # the run files carry the ratios (methods/verl_backend/metrics.py: sdl_kl, taught_token_share)
+    return per_token, {k: Metric(AggregationType.SUM, v) for k, v in sums.items()}
 
 
 def register() -> None:

@@ -896,6 +896,7 @@ def test_main_ppo_config_of_opsd_distils_from_the_frozen_base_with_a_privileged_
     assert cfg.actor_rollout_ref.rollout.n == 1 and cfg.data.train_batch_size == job["train"]["rollouts_per_step"]
     assert cfg.algorithm.adv_estimator == plugin.ADV_ESTIMATOR_KEEP  # single-rollout groups keep their mask
     assert cfg.lopd_bench.teacher_context == "expert"
+    assert cfg.lopd_bench.teacher_temperature == cfg.actor_rollout_ref.rollout.temperature  # the worker tempers
     manager = cfg.actor_rollout_ref.rollout.agent.agent_loop_manager_class
     assert manager == "methods.verl_backend.distill.PrivilegedAgentLoopManager"
     with pytest.raises(ValueError, match="verl's teacher servers are frozen"):

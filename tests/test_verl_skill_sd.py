@@ -164,34 +164,160 @@ def test_skill_sd_agent_loop_hands_the_chosen_skill_to_the_teacher_and_stages_tr
     domain.close()
 
 
-def test_skill_sd_teacher_rows_without_a_skill_or_past_the_servers_length_carry_no_signal():
+class _Servers:
+    """A stand-in for vLLM servers answering verl's prompt log-probability requests from fixed logits
+    (one distribution per position, ``logits[i]``, whatever the tokens): row ``i`` holds the
+    log-probabilities of the token at ``i + 1``, its own (``prompt_logprobs`` 0) or the top-k by
+    rank, and a dummy last row (``extract_prompt_logprobs``' layout).  It stands for verl's teacher
+    server manager too: the worker reaches the client through it."""
+
+    def __init__(self, vocab=20, positions=64, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.logits = torch.randn(positions, vocab, generator=g) * 3
+        self.teacher_client, self.calls = {"default": self}, []
+
+    def _resolve_teacher_key(self, routing_key):
+        return "default"
+
+    async def generate(self, request_id, prompt_ids, sampling_params, **_):
+        from verl.workers.rollout.replica import TokenOutput
+
+        k = sampling_params["prompt_logprobs"]
+        assert sampling_params["temperature"] == 1.0 and sampling_params["max_tokens"] == 1
+        self.calls.append((list(prompt_ids), k))
+        lp = torch.log_softmax(self.logits[: len(prompt_ids) - 1], -1)
+        if k == 0:
+            nxt = torch.tensor(prompt_ids[1:])
+            ids, values = nxt[:, None].tolist(), lp.gather(-1, nxt[:, None]).tolist()
+        else:
+            top = lp.topk(k, -1)
+            ids, values = top.indices.tolist(), top.values.tolist()
+        width = max(k, 1)
+        return TokenOutput(
+            token_ids=[0], extra_fields={"prompt_ids": ids + [[0] * width], "prompt_logprobs": values + [[0.0] * width]}
+        )
+
+
+def _skill_worker_run(extra, limit=None, validate=False, temperature=1.0, servers=None, prompt=(5, 6, 7)):
     from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
 
+    servers = servers or _Servers()
+    response = [11, 12, 13]
+    section = {
+        "teacher_context": "skill",
+        "teacher_max_len": limit,
+        "teacher_temperature": temperature,
+        "teacher_topk": 20,
+    }
+    out = AgentLoopOutput(
+        prompt_ids=list(prompt), response_ids=response, response_mask=[1, 1, 1], num_turns=2,
+        metrics=AgentLoopMetrics(), extra_fields=dict(extra),
+    )  # fmt: skip
+    worker = _privileged_worker(servers, {"lopd_bench": section})
+    asyncio.run(worker._compute_teacher_logprobs(out, list(prompt), response, validate, {}))
+    return out.extra_fields, servers.calls
+
+
+def test_skill_sd_teacher_rows_without_a_skill_or_past_the_servers_length_carry_no_signal():
     from methods.verl_backend.distill import TEACHER_PROMPT
 
-    prompt, teacher_prompt, response = [5, 6, 7], [5, 90, 91, 6, 7], [11, 12, 13]
-
-    def run(extra, limit=None, validate=False):
-        teacher = _Teacher(k=1)
-        section = {"teacher_context": "skill", "teacher_max_len": limit}
-        out = AgentLoopOutput(
-            prompt_ids=prompt, response_ids=response, response_mask=[1, 1, 1], num_turns=2,
-            metrics=AgentLoopMetrics(), extra_fields=dict(extra),
-        )  # fmt: skip
-        worker = _privileged_worker(teacher, {"lopd_bench": section})
-        asyncio.run(worker._compute_teacher_logprobs(out, prompt, response, validate, {}))
-        return out.extra_fields, teacher.calls
-
-    fields, calls = run({TEACHER_PROMPT: teacher_prompt})
-    assert calls == [teacher_prompt + response] and fields["teacher_logprobs"].shape == (len(prompt + response), 1)
-    fields, calls = run({TEACHER_PROMPT: teacher_prompt}, limit=len(teacher_prompt + response) + 1)
+    prompt, teacher_prompt, response = [5, 6, 7], [5, 9, 10, 6, 7], [11, 12, 13]
+    fields, calls = _skill_worker_run({TEACHER_PROMPT: teacher_prompt})
+    assert calls == [(teacher_prompt + response, 0)] and fields["teacher_logprobs"].shape == (len(prompt + response), 1)
+    fields, calls = _skill_worker_run({TEACHER_PROMPT: teacher_prompt}, limit=len(teacher_prompt + response) + 1)
     assert len(calls) == 1  # fits: the server also generates one token after the sequence
-    for fields, calls in (run({}), run({TEACHER_PROMPT: teacher_prompt}, limit=len(teacher_prompt + response))):
+    full = len(teacher_prompt + response)
+    for fields, calls in (_skill_worker_run({}), _skill_worker_run({TEACHER_PROMPT: teacher_prompt}, limit=full)):
         assert calls == []  # nothing is sent to the servers
         assert fields["teacher_ids"].shape == fields["teacher_logprobs"].shape == (len(prompt + response), 1)
         assert (fields["teacher_logprobs"] == plugin.NO_TEACHER).all()
-    fields, calls = run({TEACHER_PROMPT: teacher_prompt}, validate=True)
+    fields, calls = _skill_worker_run({TEACHER_PROMPT: teacher_prompt}, validate=True)
     assert calls == [] and "teacher_logprobs" not in fields  # held-out episodes are not scored
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.8])
+def test_skill_sd_teacher_scores_the_sampled_tokens_at_the_students_temperature(temperature):
+    """The teacher's row for each response token, on the student's position, is the token's
+    log-probability under the servers' logits divided by the rollout temperature, as the suite's
+    teacher scores at the training temperature (exact here: the stand-in's vocabulary is its top-k)."""
+    from methods.verl_backend.distill import TEACHER_PROMPT
+
+    prompt, teacher_prompt, response = [5, 6, 7], [5, 9, 10, 6, 7], [11, 12, 13]
+    servers = _Servers(vocab=20)
+    fields, calls = _skill_worker_run({TEACHER_PROMPT: teacher_prompt}, temperature=temperature, servers=servers)
+    sequence = teacher_prompt + response
+    assert sorted(k for _, k in calls) == ([0] if temperature == 1.0 else [0, 20])  # top-k only to temper
+    s, t = len(prompt), len(teacher_prompt)
+    exact = torch.log_softmax(servers.logits[t - 1 : t - 1 + len(response)] / temperature, -1)
+    expected = exact.gather(-1, torch.tensor(response)[:, None])
+    torch.testing.assert_close(fields["teacher_logprobs"][s - 1 : s - 1 + len(response)], expected)
+    assert fields["teacher_ids"][s - 1 : s - 1 + len(response), 0].tolist() == response
+    assert len(sequence) == len(calls[0][0])
+
+
+def _peaked(n=64, vocab=400, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, vocab, generator=g) * 4
+
+
+@pytest.mark.parametrize("temperature", [0.6, 0.8, 1.3])
+def test_tempered_top_k_rows_are_the_tempered_distribution_up_to_the_tail(temperature):
+    """``temper_topk`` and ``temper_sampled`` rebuild log softmax(l / T) from temperature-1 top-k
+    log-probabilities: exact when the top-k is the whole vocabulary; otherwise at T < 1 off by
+    log(1 + Σ_tail p^(1/T) / Σ_topk p^(1/T)) exactly, too high, and within the docstring's bound."""
+    from methods.verl_backend.distill import temper_sampled, temper_topk
+
+    logits = _peaked()
+    lp = torch.log_softmax(logits, -1)
+    exact = torch.log_softmax(logits / temperature, -1)
+    whole = lp.topk(lp.shape[-1], -1)
+    torch.testing.assert_close(temper_topk(whole.values, temperature), exact.gather(-1, whole.indices))
+    k = 20
+    top = lp.topk(k, -1)
+    p = lp.exp()
+    head = (top.values / temperature).exp().sum(-1)
+    tail = (p ** (1 / temperature)).sum(-1) - head
+    gap = torch.log1p(tail / head)  # what the top-k normaliser misses
+    torch.testing.assert_close(temper_topk(top.values, temperature), exact.gather(-1, top.indices) + gap[:, None])
+    if temperature < 1:
+        bound = torch.log1p(top.values[:, -1].exp() ** (1 / temperature - 1) * (1 - top.values.exp().sum(-1)) / head)
+        assert (gap >= 0).all() and (gap <= bound + 1e-6).all()
+        # and small beside the error it removes: the untempered rows' distance from the tempered ones,
+        # averaged over the tokens the student samples (on this distribution: 0.014 against 0.20 at T 0.8)
+        w = exact.gather(-1, top.indices).exp()
+        untempered = ((exact.gather(-1, top.indices) - top.values).abs() * w).sum(-1) / w.sum(-1)
+        assert gap.mean() < 0.1 * untempered.mean()
+    # the sampled token: inside the top-k, or outside it (then it joins the normaliser)
+    g = torch.Generator().manual_seed(1)
+    token = torch.multinomial(p, 1, generator=g)[:, 0]
+    token[:8] = lp.topk(k + 5, -1).indices[:8, -1]  # a few tokens from outside the top-k
+    got = temper_sampled(lp.gather(-1, token[:, None])[:, 0], token, top.values, top.indices, temperature)
+    outside = ~(top.indices == token[:, None]).any(-1)
+    assert outside[:8].all() and not outside[8:].all()
+    extra = torch.where(outside, (lp.gather(-1, token[:, None])[:, 0] / temperature).exp(), torch.zeros(len(token)))
+    expected = exact.gather(-1, token[:, None])[:, 0] + torch.log((head + tail) / (head + extra))
+    torch.testing.assert_close(got, expected)
+
+
+def test_opsd_teacher_top_k_is_tempered_to_the_students_temperature():
+    from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
+
+    from methods.verl_backend.distill import TEACHER_PROMPT, temper_topk
+
+    prompt, teacher_prompt, response = [5, 6, 7], [5, 90, 91, 6, 7], [11, 12, 13]
+    rows = {}
+    for temperature in (1.0, 0.8):
+        out = AgentLoopOutput(
+            prompt_ids=prompt, response_ids=response, response_mask=[1, 1, 1], num_turns=2,
+            metrics=AgentLoopMetrics(), extra_fields={TEACHER_PROMPT: teacher_prompt},
+        )  # fmt: skip
+        worker = _privileged_worker(
+            _Teacher(), {"lopd_bench": {"teacher_context": "expert", "teacher_temperature": temperature}}
+        )
+        asyncio.run(worker._compute_teacher_logprobs(out, prompt, response, False, {}))
+        rows[temperature] = out.extra_fields["teacher_logprobs"]
+    s = len(prompt)
+    torch.testing.assert_close(rows[0.8][s - 1 :], temper_topk(rows[1.0][s - 1 :], 0.8))
 
 
 # --------------------------------------------------------------------------- the loss inside verl's own
@@ -277,6 +403,9 @@ def test_main_ppo_config_of_skill_sd_distils_from_the_student_with_no_teacher_po
     assert loss.loss_max_clamp is None
     assert cfg.lopd_bench.teacher_context == "skill" and cfg.lopd_bench.skills.actor.endswith("skill_sd/seed2")
     assert cfg.lopd_bench.teacher_max_len == cfg.actor_rollout_ref.rollout.max_model_len  # the teacher's own servers
+    # the teacher is tempered to the student's temperature, the servers return the top-k that takes
+    assert cfg.lopd_bench.teacher_temperature == job["train"]["temperature"] == cfg.actor_rollout_ref.rollout.temperature
+    assert cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.max_logprobs == cfg.lopd_bench.teacher_topk == 20
     with pytest.raises(ValueError, match="is_clip 3.0 has no verl path"):
         main_ppo_config(dict(job, method_config=dict(job["method_config"], is_clip=3.0)), 0, **kw)
 

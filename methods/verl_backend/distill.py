@@ -29,13 +29,22 @@ synced every step, reading the skill chosen for the task (``lopd_bench.teacher_c
 its "teacher servers" are the run's own rollout servers, which hold the current student's weights
 while the step's episodes are played (:class:`methods.verl_backend.trainer.SkillTrainer` hands
 verl their client as the teacher's, and no teacher pool is started).  It scores the sampled tokens
-only (``prompt_logprobs`` 0, as for verl's estimator losses), and a rollout whose task has no skill
+(``prompt_logprobs`` 0, as for verl's estimator losses), and a rollout whose task has no skill
 yet gets :func:`no_teacher_rows`, which the sampled reverse KL leaves out.  A teacher sequence
-longer than ``lopd_bench.teacher_max_len`` is not scored either (the suite's teacher gives no
-signal past the model's positions).
+that would not fit ``lopd_bench.teacher_max_len`` is not scored either (the suite's teacher gives
+no signal past the model's positions).
+
+vLLM's prompt log-probabilities come from the raw logits, the student's from its logits divided
+by the rollout temperature, and the suite's teacher scores at the student's temperature; so the
+teacher's rows are tempered (``lopd_bench.teacher_temperature``): OPSD's top-k by
+:func:`temper_topk`, Skill-SD's sampled tokens by :func:`temper_sampled`, with a second request for
+the top-k that normalise them (``lopd_bench.teacher_topk``).
 """
 
 from __future__ import annotations
+
+import asyncio
+from uuid import uuid4
 
 import ray
 import torch
@@ -48,6 +57,8 @@ __all__ = [
     "TEACHER_PROMPT",
     "align_to_student",
     "no_teacher_rows",
+    "temper_topk",
+    "temper_sampled",
     "PrivilegedAgentLoopWorker",
     "PrivilegedAgentLoopManager",
 ]
@@ -75,6 +86,30 @@ def align_to_student(
     return torch.cat([filler_ids, teacher_ids[keep:]]), torch.cat([filler_logprobs, teacher_logprobs[keep:]])
 
 
+def temper_topk(logprobs: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Top-k log-probabilities ``[..., k]`` of a distribution at temperature 1 (what vLLM's prompt
+    log-probabilities are: raw logits) as those of the same logits divided by ``temperature``:
+    ``log softmax(l / T) = lp / T − logsumexp(lp / T)`` for ``lp = log softmax(l)``, the
+    normaliser taken over the top-k.  What the top-k leave out, ``Σ_tail p^(1/T)``, is below
+    ``p_k^(1/T − 1)`` times the tail's mass at T < 1, so the rows come out slightly too high; a
+    test bounds the error on a peaked distribution."""
+    scaled = logprobs / temperature
+    return scaled - torch.logsumexp(scaled, dim=-1, keepdim=True)
+
+
+def temper_sampled(
+    logprob: torch.Tensor, token: torch.Tensor, topk_logprobs: torch.Tensor, topk_ids: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """The sampled token's log-probability ``[S]`` at ``temperature``, from its log-probability at
+    temperature 1 (``logprob``, ids ``token``) and the top-k's (``[S, k]``): the normaliser runs
+    over the top-k and the token itself where it is not among them (:func:`temper_topk`'s
+    approximation)."""
+    outside = ~(topk_ids == token[:, None]).any(-1)
+    extra = torch.where(outside, logprob, torch.full_like(logprob, float("-inf")))
+    pool = torch.cat([topk_logprobs, extra[:, None]], dim=-1) / temperature
+    return logprob / temperature - torch.logsumexp(pool, dim=-1)
+
+
 def no_teacher_rows(length: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Teacher rows for a sequence of ``length`` tokens whose teacher read nothing privileged:
     log-probability :data:`~methods.verl_backend.plugin.NO_TEACHER` everywhere, which the sampled
@@ -87,31 +122,61 @@ def no_teacher_rows(length: int) -> tuple[torch.Tensor, torch.Tensor]:
 class PrivilegedAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
     """verl's agent-loop worker whose teacher reads the episode's privileged prompt (module docstring)."""
 
+    async def _prompt_logprobs(self, sequence: list[int], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The teacher servers' prompt log-probabilities of ``sequence`` (verl's row layout): the
+        sequence's own tokens with ``k`` 0, else the top-k; one request, as verl's teacher call."""
+        manager = self.teacher_server_manager
+        client = manager.teacher_client[manager._resolve_teacher_key(None)]
+        params = {"max_tokens": 1, "temperature": 1.0, "prompt_logprobs": k, "detokenize": False}
+        out = await client.generate(request_id=uuid4().hex, prompt_ids=sequence, sampling_params=params)
+        ids = torch.tensor(out.extra_fields["prompt_ids"], dtype=torch.int32)
+        logprobs = torch.tensor(out.extra_fields["prompt_logprobs"], dtype=torch.float32)
+        assert ids.shape[0] == logprobs.shape[0] == len(sequence)
+        return ids, logprobs
+
+    async def _skill_teacher(self, sequence: list[int], temperature: float, topk: int):
+        """Skill-SD's teacher rows ``[S, 1]``: the sampled tokens' log-probabilities on the servers
+        (the student's own), at the rollout ``temperature`` (:func:`temper_sampled`, with a second
+        request for the top-k the normaliser needs)."""
+        if temperature == 1.0:
+            return await self._prompt_logprobs(sequence, 0)
+        (ids, logprobs), (top_ids, top_logprobs) = await asyncio.gather(
+            self._prompt_logprobs(sequence, 0), self._prompt_logprobs(sequence, topk)
+        )
+        tempered = temper_sampled(logprobs[:, 0], ids[:, 0], top_logprobs, top_ids, temperature)
+        return ids, tempered[:, None]
+
     async def _compute_teacher_logprobs(self, output, prompt_ids, response_ids, validate, sample_kwargs=None):
         teacher_prompt = output.extra_fields.pop(TEACHER_PROMPT, None)
         if validate or not self.distillation_enabled:  # verl's own (which scores nothing then)
             return await super()._compute_teacher_logprobs(output, prompt_ids, response_ids, validate, sample_kwargs)
         section = self.config.get(SECTION) or {}
         limit = section.get("teacher_max_len")
+        temperature = float(section.get("teacher_temperature", 1.0))
         if teacher_prompt is not None and limit and len(teacher_prompt) + len(response_ids) >= limit:
             # the teacher's sequence would not fit its server (which also generates one token after it):
             # no signal, as the suite's Teacher gives none past the model's positions
             teacher_prompt = None
+        skill = section.get("teacher_context") == "skill"
         if teacher_prompt is None:
-            if section.get("teacher_context") == "skill":  # no skill for this task yet: the GRPO term only
+            if skill:  # no skill for this task yet: the GRPO term only
                 ids, logprobs = no_teacher_rows(len(prompt_ids) + len(response_ids))
                 output.extra_fields["teacher_ids"], output.extra_fields["teacher_logprobs"] = ids, logprobs
                 return
             # an episode without a privileged context: verl's own teacher input
             return await super()._compute_teacher_logprobs(output, prompt_ids, response_ids, validate, sample_kwargs)
         teacher_prompt = list(teacher_prompt)
-        await super()._compute_teacher_logprobs(output, teacher_prompt, response_ids, validate, sample_kwargs)
+        if skill:
+            ids, logprobs = await self._skill_teacher(
+                teacher_prompt + list(response_ids), temperature, int(section.get("teacher_topk", 20))
+            )
+        else:  # verl's own call (top-k, its settings), on the privileged sequence
+            await super()._compute_teacher_logprobs(output, teacher_prompt, response_ids, validate, sample_kwargs)
+            ids, logprobs = output.extra_fields["teacher_ids"], output.extra_fields["teacher_logprobs"]
+            if temperature != 1.0:  # the student's logits reach the loss divided by the rollout temperature
+                logprobs = temper_topk(logprobs, temperature)
         output.extra_fields["teacher_ids"], output.extra_fields["teacher_logprobs"] = align_to_student(
-            output.extra_fields["teacher_ids"],
-            output.extra_fields["teacher_logprobs"],
-            len(teacher_prompt),
-            len(prompt_ids),
-            self.tokenizer.pad_token_id,
+            ids, logprobs, len(teacher_prompt), len(prompt_ids), self.tokenizer.pad_token_id
         )
 
 

@@ -177,6 +177,8 @@ def _distillation(job: dict, model_path: str | Path, prompt_len: int) -> dict:
         "actor_rollout_ref.actor.loss_agg_mode": "token-mean",  # the suite's distillation loss (methods/core/distill.py)
         "actor_rollout_ref.rollout.agent.agent_loop_manager_class": "methods.verl_backend.distill.PrivilegedAgentLoopManager",
         "lopd_bench.teacher_context": TEACHER_CONTEXT[job["method"]],
+        # the teacher's top-k come at temperature 1; the worker tempers them to the student's (distill.py)
+        "lopd_bench.teacher_temperature": float(job["train"]["temperature"]),
         # group_size 1: every group is one rollout; the suite's dropping estimator would clear them all
         "algorithm.adv_estimator": ADV_ESTIMATOR_KEEP,
     }
@@ -213,6 +215,11 @@ def _retrieval(job: dict, seed: int, bank_path: str | Path | None) -> dict:
             "seed": str(Path(bank_path).resolve()) if bank["seed_tasks"] > 0 else None,
         },
     }
+
+
+#: the top-k over which Skill-SD's teacher log-probabilities are renormalised at the rollout
+#: temperature (vLLM's default ``max_logprobs``)
+SKILL_TEACHER_TOPK = 20
 
 
 def _skill_sd(job: dict, seed: int, model_path: str | Path, prompt_len: int) -> dict:
@@ -252,6 +259,11 @@ def _skill_sd(job: dict, seed: int, model_path: str | Path, prompt_len: int) -> 
         "trainer.v1.trainer_mode": SKILL_TRAINER,
         "lopd_bench.teacher_context": TEACHER_CONTEXT["skill_sd"],
         "lopd_bench.teacher_max_len": limit,
+        # the sampled tokens' log-probabilities come at temperature 1; the worker tempers them to the
+        # student's with the top-k as normaliser (distill.py), which the servers must be able to return
+        "lopd_bench.teacher_temperature": float(job["train"]["temperature"]),
+        "lopd_bench.teacher_topk": SKILL_TEACHER_TOPK,
+        "actor_rollout_ref.rollout.engine_kwargs.vllm.max_logprobs": SKILL_TEACHER_TOPK,
         "lopd_bench.skills": {
             "actor": f"lopd_bench_skills/{job['domain']}/skill_sd/seed{seed}",
             "ucb_c": float(mc["ucb_c"]),

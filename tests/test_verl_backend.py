@@ -891,6 +891,7 @@ def test_main_ppo_config_of_opsd_distils_from_the_frozen_base_with_a_privileged_
     distillation = omega_conf_to_dataclass(cfg.distillation)  # verl's own checks of the teacher pool
     teacher = distillation.teacher_models["default"]
     assert teacher.model_path == str(tmp_path / "base") and teacher.num_replicas == 1  # the frozen base model
+    assert not teacher.inference.enable_prefix_caching  # scores only; vllm-project/vllm#42019
     loss = cfg.distillation.distillation_loss
     assert loss.loss_mode == "forward_kl_topk" and not loss.use_task_rewards and not loss.use_policy_gradient
     assert cfg.actor_rollout_ref.rollout.n == 1 and cfg.data.train_batch_size == job["train"]["rollouts_per_step"]

@@ -406,6 +406,7 @@ def test_main_ppo_config_of_skill_sd_distils_from_the_student_with_no_teacher_po
     # the teacher is tempered to the student's temperature, the servers return the top-k that takes
     assert cfg.lopd_bench.teacher_temperature == job["train"]["temperature"] == cfg.actor_rollout_ref.rollout.temperature
     assert cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.max_logprobs == cfg.lopd_bench.teacher_topk == 20
+    assert not cfg.actor_rollout_ref.rollout.enable_prefix_caching  # vllm-project/vllm#42019
     with pytest.raises(ValueError, match="is_clip 3.0 has no verl path"):
         main_ppo_config(dict(job, method_config=dict(job["method_config"], is_clip=3.0)), 0, **kw)
 

@@ -170,6 +170,9 @@ def _distillation(job: dict, model_path: str | Path, prompt_len: int) -> dict:
         f"{teacher}.model_path": str(model_path),
         f"{teacher}.inference.tensor_model_parallel_size": 1,
         f"{teacher}.inference.max_model_len": _teacher_context_length(job, model_path, prompt_len),
+        # vLLM skips its prefix cache for prompt log-probability requests anyway, and with the cache on
+        # such scores have been reported to depend on request order (vllm-project/vllm#42019, open)
+        f"{teacher}.inference.enable_prefix_caching": False,
         "distillation.distillation_loss.loss_mode": VERL_DIVERGENCE[mc["divergence"]],
         "distillation.distillation_loss.topk": int(opts.get("distill_topk", 32)),
         "distillation.distillation_loss.use_task_rewards": False,  # OPSD: the teacher's distribution is the only signal
@@ -264,6 +267,10 @@ def _skill_sd(job: dict, seed: int, model_path: str | Path, prompt_len: int) -> 
         "lopd_bench.teacher_temperature": float(job["train"]["temperature"]),
         "lopd_bench.teacher_topk": SKILL_TEACHER_TOPK,
         "actor_rollout_ref.rollout.engine_kwargs.vllm.max_logprobs": SKILL_TEACHER_TOPK,
+        # the teacher's prompt log-probabilities with the prefix cache on have been reported to depend on
+        # request order (vllm-project/vllm#42019, open); off, a multi-turn episode's later turns are
+        # prefilled again (code's real-verl episodes are single-turn)
+        "actor_rollout_ref.rollout.enable_prefix_caching": False,
         "lopd_bench.skills": {
             "actor": f"lopd_bench_skills/{job['domain']}/skill_sd/seed{seed}",
             "ucb_c": float(mc["ucb_c"]),

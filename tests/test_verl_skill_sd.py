@@ -438,14 +438,6 @@ def test_verls_distillation_loss_cannot_take_a_micro_batch_whose_mask_is_empty()
         distillation_ppo_loss(actor, omega_conf_to_dataclass(cfg.distillation), {"log_probs": flat}, data)
 
 
-def test_skill_sd_verl_train_asks_for_the_students_gpus_only():
-    """OPSD's frozen teacher has GPUs of its own; Skill-SD's teacher is the student (test_cluster
-    checks the OPSD side)."""
-    from methods.verl_backend import TEACHER_CONTEXT, TEACHER_POOL
-
-    assert "skill_sd" in TEACHER_CONTEXT and "skill_sd" not in TEACHER_POOL and "opsd" in TEACHER_POOL
-
-
 @pytest.mark.slow  # a local Ray cluster
 def test_skill_trainer_starts_no_teacher_pool_serves_the_teacher_from_the_rollout_and_resumes(tmp_path, monkeypatch):
     from verl.trainer.ppo.v1.trainer_base import Role

@@ -41,6 +41,7 @@ from verl.trainer.ppo import core_algos
 from methods.divergences import sampled_token_reverse_kl
 from methods.grpo import groups_with_variance
 from methods.losses import group_ids, grpo_outcome_advantage, ppo_clip_loss
+from methods.skill_sd import SkillSDConfig
 from methods.verl_backend.metrics import KL_SUM, RESPONSE_TOKENS, TAUGHT_TOKENS
 
 __all__ = [
@@ -143,8 +144,8 @@ def ppo_loss(
     return loss, metrics
 
 
-#: the cap of Skill-SD's importance weight π_S/π_old on the distillation term (``SkillSDConfig.is_clip``)
-IS_CLIP = 2.0
+#: the cap of Skill-SD's importance weight π_S/π_old on the distillation term: the suite's default
+IS_CLIP = SkillSDConfig.is_clip
 #: a teacher "log-probability" that no distribution gives (it is positive): the rows of a rollout
 #: whose teacher read nothing privileged (its task has no skill yet), which the term leaves out, as the
 #: suite's Skill-SD leaves out rollouts without a skill (methods/verl_backend/distill.py writes them)

@@ -432,7 +432,7 @@ def test_verls_distillation_loss_cannot_take_a_micro_batch_whose_mask_is_empty()
     data["teacher_logprobs"] = _teacher_rows(logp - 0.1, rows)
     tu.assign_non_tensor(data, dp_size=1, batch_num_tokens=1, global_batch_size=1)
     loss, _ = distillation_ppo_loss(actor, omega_conf_to_dataclass(cfg.distillation), {"log_probs": flat}, data)
-    assert torch.isfinite(loss)  # a kept row (advantage 0, mask whole) trains
+    assert torch.isfinite(loss)  # the same rollout with its mask whole trains
     data["response_mask"] = torch.zeros_like(data["response_mask"])  # what the dropping estimator leaves
     with pytest.raises(RuntimeError):
         distillation_ppo_loss(actor, omega_conf_to_dataclass(cfg.distillation), {"log_probs": flat}, data)

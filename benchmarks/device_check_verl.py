@@ -1,4 +1,4 @@
-"""GPU check of the verl backend (issue 20): GRPO, OPSD and Skill-SD through verl's ``main_ppo`` for
+"""GPU check of the verl backend (issue 20): GRPO, OPSD, SDFT and Skill-SD through verl's ``main_ppo`` for
 a few steps with a small model built from a config, and the suite's run files checked complete.
 
     benchmarks/device_check_verl.sh              # in envs/verl.yaml's environment, on GPUs
@@ -18,7 +18,7 @@ Steps, each through the suite's own commands (the ``verl_data`` / ``verl_train``
 
 OPSD's frozen teacher needs a GPU of its own beside the student's, so OPSD runs only where two
 GPUs are visible; with one, the report says it was skipped.  Skill-SD's teacher is the student on
-its own rollout servers, so it runs on one.  Prints one line per method and
+its own rollout servers, and SDFT's an EMA of the student in the actor worker, so both run on one.  Prints one line per method and
 writes ``device_check_verl.json`` under ``--out``.  UNTESTED on a GPU so far: the lent machines
 have no vLLM (docs/verl.md).
 """
@@ -39,7 +39,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the methods checked, in order
-METHODS = ("grpo", "opsd", "skill_sd")
+METHODS = ("grpo", "opsd", "sdft", "skill_sd")
 #: a few steps of the real-verl profile's settings (16 rollouts a step, validation before and after)
 SHRINK = {
     "rollout_budget": 32,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check of the verl backend (issue 20): GRPO, OPSD and Skill-SD through verl's main_ppo with a
+# GPU check of the verl backend (issue 20): GRPO, OPSD, SDFT and Skill-SD through verl's main_ppo with a
 # small model built from a config, a few steps each, and the suite's run files checked complete (OPSD
 # only where two GPUs are visible: its frozen teacher has a GPU of its own). Run it in envs/verl.yaml's
 # environment with the suite installed (pip install --no-deps -e .). Writes its work and

@@ -57,14 +57,15 @@ def test_dry_run_plans_every_job_with_its_cluster_resources():
 @pytest.mark.slow
 def test_verl_runs_ask_the_cluster_for_their_gpus_teacher_included():
     """A verl run's GPUs come from the rule (the student's, plus OPSD's frozen teacher's; Skill-SD's
-    teacher is the student), not from a fixed gres: the SLURM plugin refuses a job that names both."""
+    teacher is the student, SDFT's lives in the student's workers), not from a fixed gres: the SLURM
+    plugin refuses a job that names both."""
     pytest.importorskip("snakemake_executor_plugin_slurm")
     profile = yaml.safe_load(PROFILE.read_text())
     assert "gres" not in profile["set-resources"]["verl_train"]
     out = _snakemake(
         "--workflow-profile", "config/slurm", "-n", "results/real-verl/runs/code/grpo/seed0/summary.json",
         "results/real-verl/runs/code/opsd/seed0/summary.json", "results/real-verl/runs/code/skill_sd/seed0/summary.json",
-        "--config", "profile=real-verl",
+        "results/real-verl/runs/code/sdft/seed0/summary.json", "--config", "profile=real-verl",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     jobs = re.findall(r"^rule verl_train:\n(?:    .*\n)*?    wildcards: (.*)\n(?:    .*\n)*?    resources: (.*)$",
@@ -73,5 +74,6 @@ def test_verl_runs_ask_the_cluster_for_their_gpus_teacher_included():
     assert gpus == {
         "domain=code, method=grpo, seed=0": "1",
         "domain=code, method=opsd, seed=0": "2",
+        "domain=code, method=sdft, seed=0": "1",
         "domain=code, method=skill_sd, seed=0": "1",
     }, jobs

@@ -559,7 +559,7 @@ def test_verl_profile_jobs_carry_the_backend_and_refuse_methods_without_a_verl_p
     assert "backend" not in resolve_job(dict(cfg, profile="small"), "code", "grpo")  # other profiles' jobs unchanged
     cfg["profiles"]["real-verl"]["methods"] = ["grpo", "sdpo"]
     with pytest.raises(
-        ValueError, match=r"backend verl runs \['grpo', 'retrieval_rl', 'opsd', 'skill_sd'\] so far, not \['sdpo'\]"
+        ValueError, match=r"backend verl runs \['grpo', 'retrieval_rl', 'opsd', 'sdft', 'skill_sd'\] so far, not \['sdpo'\]"
     ):
         validate(cfg)
 
@@ -908,8 +908,8 @@ def test_main_ppo_config_of_opsd_distils_from_the_frozen_base_with_a_privileged_
         main_ppo_config(dict(job, method_config=dict(job["method_config"], divergence="jsd")), 0, **kw)
 
 
-@pytest.mark.slow  # two exports and two verl configs in subprocesses
-def test_the_verl_gpu_check_prepares_grpo_opsd_and_skill_sd_up_to_launching_verl(tmp_path):
+@pytest.mark.slow  # an export and a verl config per method, in subprocesses
+def test_the_verl_gpu_check_prepares_each_method_up_to_launching_verl(tmp_path):
     """benchmarks/device_check_verl.py --dry-run: the small policy, the shrunk jobs, their parquet
     files and verl-validated main_ppo configs; what a GPU machine then runs is verl itself."""
     import importlib.util
@@ -921,8 +921,9 @@ def test_the_verl_gpu_check_prepares_grpo_opsd_and_skill_sd_up_to_launching_verl
     spec.loader.exec_module(check)
     check.main(["--dry-run", "--out", str(tmp_path), "--tokenizer", str(ROOT / "results/base/small/code/model")])
     records = json.loads((tmp_path / "device_check_verl.json").read_text())
-    assert [r["method"] for r in records] == ["grpo", "opsd", "skill_sd"] and all(r["steps"] == 2 for r in records)
-    for method in ("grpo", "opsd", "skill_sd"):
+    methods = ["grpo", "opsd", "sdft", "skill_sd"]
+    assert [r["method"] for r in records] == methods and all(r["steps"] == 2 for r in records)
+    for method in methods:
         cfg = OmegaConf.load(tmp_path / method / "run" / "main_ppo.yaml")
         assert cfg.actor_rollout_ref.model.path == str((tmp_path / "model").resolve())
         assert (tmp_path / method / "data" / "train.parquet").exists()

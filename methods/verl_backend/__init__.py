@@ -13,6 +13,8 @@ What exists so far (``docs/verl.md`` tracks the rest):
 * :mod:`.distill` -- a teacher that reads a privileged prompt (OPSD: the reference solution;
   Skill-SD: a skill, with :mod:`.skills`, the skill library as a Ray actor, and the trainer's
   Skill-SD variant, whose teacher is the student on the rollout servers).
+* :mod:`.ema` -- SDFT's teacher: an EMA of the student kept as the actor worker's reference
+  model, scored by the trainer's SDFT variant after each step's rollouts.
 * :mod:`.launch` and :mod:`.metrics` -- a job's ``main_ppo`` config, and the suite's run files
   from a finished verl run.
 
@@ -20,9 +22,11 @@ Nothing here imports verl at package import: ``methods.verl_backend.export`` run
 """
 
 #: methods with a verl path (a ``backend: verl`` profile accepts only these; ``docs/verl.md``)
-SUPPORTED_METHODS = ("grpo", "retrieval_rl", "opsd", "skill_sd")
+SUPPORTED_METHODS = ("grpo", "retrieval_rl", "opsd", "sdft", "skill_sd")
 #: the distilling methods among them, and the privileged context their teacher reads
-TEACHER_CONTEXT = {"opsd": "expert", "skill_sd": "skill"}
+TEACHER_CONTEXT = {"opsd": "expert", "sdft": "expert", "skill_sd": "skill"}
 #: those whose teacher is a frozen model on GPUs of its own (Skill-SD's teacher is the student
 #: itself, scored on the run's rollout servers)
 TEACHER_POOL = ("opsd",)
+#: those whose teacher is an EMA of the student, kept in the actor workers (:mod:`.ema`)
+EMA_TEACHER = ("sdft",)

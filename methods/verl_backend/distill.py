@@ -34,6 +34,11 @@ yet gets :func:`no_teacher_rows`, which the sampled reverse KL leaves out.  A te
 that would not fit ``lopd_bench.teacher_max_len`` is not scored either (the suite's teacher gives
 no signal past the model's positions).
 
+SDFT's teacher is an EMA of the student, kept as the actor worker's reference model
+(:mod:`methods.verl_backend.ema`); with ``lopd_bench.teacher_in_trainer`` the worker scores
+nothing and leaves the teacher prompt in the episode's ``extra_fields``, where the trainer
+(:class:`methods.verl_backend.trainer.EMATeacherTrainer`) reads it after the step's rollouts.
+
 vLLM's prompt log-probabilities come from the raw logits, the student's from its logits divided
 by the rollout temperature, and the suite's teacher scores at the student's temperature; so the
 teacher's rows are tempered (``lopd_bench.teacher_temperature``): OPSD's top-k by
@@ -151,6 +156,10 @@ class PrivilegedAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
         if validate or not self.distillation_enabled:  # verl's own (which scores nothing then)
             return await super()._compute_teacher_logprobs(output, prompt_ids, response_ids, validate, sample_kwargs)
         section = self.config.get(SECTION) or {}
+        if section.get("teacher_in_trainer"):  # SDFT: the trainer scores its EMA teacher after the rollouts
+            if teacher_prompt is not None:
+                output.extra_fields[TEACHER_PROMPT] = list(teacher_prompt)
+            return
         limit = section.get("teacher_max_len")
         temperature = float(section.get("teacher_temperature", 1.0))
         if teacher_prompt is not None and limit and len(teacher_prompt) + len(response_ids) >= limit:

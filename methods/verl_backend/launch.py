@@ -8,8 +8,8 @@ is ``train.rollouts_per_step``, and ``trainer.total_training_steps`` x that is
 ``train.rollout_budget``.  verl validates before training and every ``train.eval_every`` rollouts,
 dumping per-episode scores for the metrics adapter (:mod:`.metrics`).
 
-Only the methods whose verl path exists are accepted (GRPO, retrieval RL, OPSD and Skill-SD today;
-``docs/verl.md``).
+Only the methods whose verl path exists are accepted (GRPO, retrieval RL, OPSD, SDFT and Skill-SD
+today; ``docs/verl.md``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from methods.verl_backend import SUPPORTED_METHODS, TEACHER_CONTEXT, TEACHER_POOL
+from methods.verl_backend import EMA_TEACHER, SUPPORTED_METHODS, TEACHER_CONTEXT, TEACHER_POOL
 
 __all__ = ["SUPPORTED_METHODS", "main_ppo_config", "validate", "write_config", "rollouts_per_step"]
 
@@ -119,6 +119,8 @@ def main_ppo_config(
     }
     if method in TEACHER_POOL:
         overrides.update(_distillation(job, model_path, prompt_len))
+    elif method in EMA_TEACHER:
+        overrides.update(_ema_teacher(job, model_path, prompt_len))
     else:  # GRPO's outcome advantage and clipped loss (retrieval RL: GRPO with experience in the prompt)
         overrides.update(
             {
@@ -155,7 +157,8 @@ def _distillation(job: dict, model_path: str | Path, prompt_len: int) -> dict:
     if mc["teacher_source"] != "frozen":
         raise ValueError(
             f"{job['method']}: a {mc['teacher_source']!r} teacher follows the student's weights; verl's teacher "
-            "servers are frozen, so only teacher_source 'frozen' runs on verl (docs/verl.md)"
+            "servers are frozen, so a teacher pool needs teacher_source 'frozen' (SDFT's EMA teacher lives in the "
+            "actor workers instead: docs/verl.md)"
         )
     if mc["divergence"] not in VERL_DIVERGENCE:
         raise ValueError(
@@ -183,6 +186,52 @@ def _distillation(job: dict, model_path: str | Path, prompt_len: int) -> dict:
         # the teacher's top-k come at temperature 1; the worker tempers them to the student's (distill.py)
         "lopd_bench.teacher_temperature": float(job["train"]["temperature"]),
         # group_size 1: every group is one rollout; the suite's dropping estimator would clear them all
+        "algorithm.adv_estimator": ADV_ESTIMATOR_KEEP,
+    }
+
+
+def _ema_teacher(job: dict, model_path: str | Path, prompt_len: int) -> dict:
+    """SDFT's settings: OPSD's loss (verl's top-k forward KL, no reward) and privileged prompt, with
+    the teacher an EMA of the student kept as the actor worker's reference model and scored by the
+    trainer after the rollouts (:class:`.trainer.EMATeacherTrainer`), in fp32 (the average's
+    updates are 1 % steps)."""
+    from methods.verl_backend.plugin import ADV_ESTIMATOR_KEEP
+    from methods.verl_backend.trainer import EMA_TRAINER
+
+    mc, opts = job["method_config"], job.get("backend_options") or {}
+    if mc["teacher_source"] != "ema":
+        raise ValueError(f"{job['method']}: the verl trainer for an EMA teacher needs teacher_source 'ema'")
+    if mc["divergence"] not in VERL_DIVERGENCE:
+        raise ValueError(
+            f"{job['method']}: divergence {mc['divergence']!r} has no verl path (the loss reads the teacher's "
+            f"top-k log-probabilities; supported: {', '.join(VERL_DIVERGENCE)})"
+        )
+    teacher = "distillation.teacher_models.teacher_model"
+    return {
+        "distillation.enabled": True,
+        # verl's config checks a one-GPU teacher pool; EMATeacherTrainer starts none
+        "distillation.n_gpus_per_node": 1,
+        "distillation.nnodes": 1,
+        f"{teacher}.model_path": str(model_path),
+        f"{teacher}.inference.tensor_model_parallel_size": 1,
+        "distillation.distillation_loss.loss_mode": VERL_DIVERGENCE[mc["divergence"]],
+        "distillation.distillation_loss.topk": int(opts.get("distill_topk", 32)),
+        "distillation.distillation_loss.use_task_rewards": False,  # the teacher's distribution is the only signal
+        "distillation.distillation_loss.use_policy_gradient": False,
+        "actor_rollout_ref.actor.loss_agg_mode": "token-mean",  # the suite's distillation loss (methods/core/distill.py)
+        "actor_rollout_ref.ref.fsdp_config.model_dtype": "fp32",  # the EMA's weights (verl's default, made explicit)
+        "actor_rollout_ref.rollout.agent.agent_loop_manager_class": "methods.verl_backend.distill.PrivilegedAgentLoopManager",
+        "trainer.v1.trainer_mode": EMA_TRAINER,
+        "lopd_bench.teacher_context": TEACHER_CONTEXT[job["method"]],
+        "lopd_bench.teacher_in_trainer": True,
+        "lopd_bench.ema_teacher": {
+            "rate": float(mc["ema_rate"]),
+            "topk": int(opts.get("distill_topk", 32)),
+            # the teacher's logits divided by the rollout temperature, as the student's reach the loss
+            "temperature": float(job["train"]["temperature"]),
+            # the suite's teacher gives no signal past the model's positions (docs/verl.md)
+            "max_len": _teacher_context_length(job, model_path, prompt_len),
+        },
         "algorithm.adv_estimator": ADV_ESTIMATOR_KEEP,
     }
 

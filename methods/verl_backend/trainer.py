@@ -1,13 +1,15 @@
-"""The suite's verl trainers: retrieval RL's (``trainer.v1.trainer_mode: lopd_bench_retrieval``) and
-Skill-SD's (``lopd_bench_skill_sd``).
+"""The suite's verl trainers: retrieval RL's (``trainer.v1.trainer_mode: lopd_bench_retrieval``),
+Skill-SD's (``lopd_bench_skill_sd``) and SDFT's (``lopd_bench_ema_teacher``).
 
-Both are verl's synchronous trainer (``PPOTrainerSync``) plus one per-run service that the agent
-loops reach by name, a Ray actor that grows with the run's own rollouts:
+All three are verl's synchronous trainer (``PPOTrainerSync``).  SDFT's keeps an EMA teacher in
+the actor workers (:class:`EMATeacherTrainer`, :mod:`methods.verl_backend.ema`).  The other two
+add one per-run service that the agent loops reach by name, a Ray actor that grows with the
+run's own rollouts:
 
 * retrieval RL: the experience bank of :mod:`methods.verl_backend.bank`;
 * Skill-SD: the skill library of :mod:`methods.verl_backend.skills`.
 
-For either, the trainer
+For those two, the trainer
 
 * starts the service after initialisation (and any checkpoint load), from the checkpoint's copy
   when the run resumes (the bank otherwise from the seed bank, the library empty);
@@ -17,10 +19,10 @@ For either, the trainer
 * saves the service's state beside verl's own files with each checkpoint, before verl marks the
   checkpoint complete, so a resumed run continues from the state it had at that step.
 
-Skill-SD's teacher is the student itself, synced every step, so :class:`SkillTrainer` starts no
-teacher pool: it hands verl its own rollout servers' client as the teacher's
-(:meth:`SkillTrainer.get_teacher_client`), and verl's distillation scores the teacher prompts there
-(:mod:`methods.verl_backend.distill`).
+Skill-SD's teacher is the student itself, synced every step, and SDFT's lives in the actor
+workers, so neither trainer starts a teacher pool (:class:`_OwnTeacher`): they hand verl the run's
+own rollout servers' client as the teacher's, and verl's distillation scores Skill-SD's teacher
+prompts there (:mod:`methods.verl_backend.distill`).
 
 verl picks a trainer class by ``trainer.v1.trainer_mode`` and then uses the same setting to choose
 between its synchronous and asynchronous machinery (the replay buffer, the refill rules); these
@@ -37,13 +39,28 @@ from omegaconf import open_dict
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-from .bank import retrieval_settings, start_bank
+from .agent_loop import TEACHER_PROMPT
+from .bank import SECTION, retrieval_settings, start_bank
+from .distill import align_to_student
+from .ema import EMATeacherWorker
 from .skills import skill_settings, start_skills
 
-__all__ = ["TRAINER", "SKILL_TRAINER", "RetrievalTrainer", "SkillTrainer", "BANK_FILE", "SKILLS_FILE"]
+__all__ = [
+    "TRAINER",
+    "SKILL_TRAINER",
+    "EMA_TRAINER",
+    "RetrievalTrainer",
+    "SkillTrainer",
+    "EMATeacherTrainer",
+    "BANK_FILE",
+    "SKILLS_FILE",
+    "EMA_TEACHER_DIR",
+]
 
 TRAINER = "lopd_bench_retrieval"
 SKILL_TRAINER = "lopd_bench_skill_sd"
+EMA_TRAINER = "lopd_bench_ema_teacher"
+EMA_TEACHER_DIR = "lopd_bench_ema_teacher"
 BANK_FILE = "lopd_bench_bank.pt"
 SKILLS_FILE = "lopd_bench_skills.json"
 
@@ -69,6 +86,12 @@ def _register(name: str):
     return decorate
 
 
+def _as_sync(config) -> None:
+    """Set ``trainer_mode`` back to ``sync`` before verl reads it (module docstring)."""
+    with open_dict(config):
+        config.trainer.v1.trainer_mode = "sync"
+
+
 class _ServiceTrainer(PPOTrainerSync):
     """verl's synchronous trainer with one of the suite's per-run services (module docstring)."""
 
@@ -88,8 +111,7 @@ class _ServiceTrainer(PPOTrainerSync):
         self.service_settings = self.settings(config)
         if self.service_settings is None:
             raise ValueError(f"trainer_mode {self.MODE} needs its lopd_bench section in the config ({self.WHAT})")
-        with open_dict(config):
-            config.trainer.v1.trainer_mode = "sync"
+        _as_sync(config)
         super().__init__(config)
         self.service = None
 
@@ -138,20 +160,17 @@ def _distillation_disabled(config):
             config.distillation.enabled = True
 
 
-@_register(SKILL_TRAINER)
-class SkillTrainer(_ServiceTrainer):
-    """Skill-SD: verl's synchronous trainer with the run's skill library, and the rollout servers
-    (the current student) as the distillation teacher (module docstring)."""
+class _OwnTeacher:
+    """A trainer that distils with no teacher pool of its own: the teacher lives in the run's own
+    workers (Skill-SD: the rollout servers; SDFT: the actor worker's reference model).  verl then
+    plans no teacher GPUs, and its distillation reaches the rollout servers' client under the one
+    teacher's key."""
 
-    MODE, FILE, WHAT = SKILL_TRAINER, SKILLS_FILE, "skill library"
-    settings = staticmethod(skill_settings)
-    start = staticmethod(start_skills)
+    MODE: str
 
-    def __init__(self, config):
+    def _check_distils(self, config) -> None:
         if not config.get("distillation") or not config.distillation.get("enabled"):
-            raise ValueError(f"trainer_mode {SKILL_TRAINER} distils: it needs distillation.enabled")
-        super().__init__(config)
-        self.use_teacher_policy = False  # no teacher servers of its own: the teacher is the student
+            raise ValueError(f"trainer_mode {self.MODE} distils: it needs distillation.enabled")
 
     def _init_resource_pool_mgr(self):
         with _distillation_disabled(self.config):
@@ -166,5 +185,140 @@ class SkillTrainer(_ServiceTrainer):
 
     def get_teacher_client(self):
         """The rollout servers' client under the one teacher's key: verl's distillation then scores
-        the teacher prompts on the current student's weights."""
+        the teacher prompts on the current student's weights (Skill-SD), or nothing (SDFT, whose
+        agent loops leave the teacher to the trainer)."""
         return {key: self.get_llm_client() for key in self.distillation_config.teacher_models}
+
+
+@_register(SKILL_TRAINER)
+class SkillTrainer(_OwnTeacher, _ServiceTrainer):
+    """Skill-SD: verl's synchronous trainer with the run's skill library, and the rollout servers
+    (the current student) as the distillation teacher (module docstring)."""
+
+    MODE, FILE, WHAT = SKILL_TRAINER, SKILLS_FILE, "skill library"
+    settings = staticmethod(skill_settings)
+    start = staticmethod(start_skills)
+
+    def __init__(self, config):
+        self._check_distils(config)
+        super().__init__(config)
+        self.use_teacher_policy = False  # no teacher servers of its own: the teacher is the student
+
+
+def teacher_sequences(prompts, responses, teacher_prompts, limit: int | None):
+    """The EMA teacher's input for each rollout: its teacher prompt (the privileged one) followed by
+    the rollout's response, and the position (teacher prompt length − 1) from which the teacher's
+    rows predict the response's tokens.  Where the rollout has no teacher prompt, or the teacher's
+    sequence would not fit ``limit`` positions, the teacher reads the student's own prompt (as
+    verl's teacher does for OPSD's episodes without a privileged context) and the rollout is not
+    counted as privileged.  Returns ``(sequences, starts, privileged)``."""
+    sequences, starts, privileged = [], [], []
+    for prompt, response, teacher in zip(prompts, responses, teacher_prompts, strict=True):
+        fits = teacher is not None and (limit is None or len(teacher) + len(response) <= limit)
+        head = list(teacher) if fits else list(prompt)
+        sequences.append(head + list(response))
+        starts.append(len(head) - 1)
+        privileged.append(fits)
+    return sequences, starts, privileged
+
+
+def merge_ranks(per_rank: list[dict], n: int) -> list:
+    """The workers' :meth:`~methods.verl_backend.ema.EMATeacherWorker.teacher_topk` results (one
+    dict per rank, by sequence index) as one list in sequence order; each index exactly once."""
+    merged = {}
+    for part in per_rank:
+        for i, rows in part.items():
+            if i in merged:
+                raise RuntimeError(f"sequence {i} was scored by two ranks")
+            merged[i] = rows
+    if sorted(merged) != list(range(n)):
+        raise RuntimeError(f"the teacher scored {len(merged)} of {n} sequences")
+    return [merged[i] for i in range(n)]
+
+
+@_register(EMA_TRAINER)
+class EMATeacherTrainer(_OwnTeacher, PPOTrainerSync):
+    """SDFT: verl's synchronous trainer whose distillation teacher is an EMA of the student, kept
+    as the actor worker's reference model (:mod:`methods.verl_backend.ema`).  Each step
+
+    * after the rollouts, scores every rollout's *teacher prompt + response* on the teacher (in
+      place of verl's reference log-probabilities, which no SDFT loss reads) and writes the top-k
+      rows where verl's distillation loss reads them (``teacher_ids``, ``teacher_logprobs``, on
+      the student's sequence layout);
+    * after the update, moves the teacher toward the student (``lopd_bench.ema_teacher.rate``);
+    * saves the teacher with each checkpoint (before verl marks it complete) and loads it on resume.
+    """
+
+    MODE = EMA_TRAINER
+
+    def __init__(self, config):
+        self._check_distils(config)
+        settings = (config.get(SECTION) or {}).get("ema_teacher")
+        if not settings:
+            raise ValueError(f"trainer_mode {EMA_TRAINER} needs lopd_bench.ema_teacher (rate, topk, temperature)")
+        self.ema = dict(settings)
+        _as_sync(config)
+        super().__init__(config)
+        self.use_teacher_policy = False  # no teacher servers: the teacher is the reference model
+        self.use_reference_policy = True  # ... which verl builds only where a KL to it is asked for
+
+    def _init_resource_pool_mgr(self):
+        super()._init_resource_pool_mgr()
+        from verl.trainer.ppo.utils import Role
+
+        if Role.Actor in self.role_worker_mapping:
+            raise ValueError(
+                f"trainer_mode {EMA_TRAINER} needs the hybrid actor worker (actor_rollout_ref.hybrid_engine)"
+            )
+        # the hybrid worker with a reference model, whatever need_reference_policy says; verl's
+        # resource-pool manager holds this same mapping
+        for role in (Role.ActorRollout, Role.ActorRolloutRef):
+            self.role_worker_mapping.pop(role, None)
+            self.mapping.pop(role, None)
+        self.role_worker_mapping[Role.ActorRolloutRef] = ray.remote(EMATeacherWorker)
+        self.mapping[Role.ActorRolloutRef] = "global_pool"
+
+    def teacher_folder(self, step: int) -> str:
+        return os.path.join(checkpoint_dir(self.config, step), EMA_TEACHER_DIR)
+
+    def on_init_end(self):
+        super().on_init_end()
+        if self.global_steps > 0:  # resumed: the teacher as it was saved with this checkpoint
+            folder = self.teacher_folder(self.global_steps)
+            if not os.path.isdir(folder):
+                raise FileNotFoundError(f"{folder}: the checkpoint has no EMA teacher to resume from")
+            self.actor_rollout_wg.load_teacher(folder)
+
+    def _compute_ref_log_prob(self, batch, metrics: dict):
+        import transfer_queue as tq
+        from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+        data = tq.kv_batch_get(
+            keys=batch.keys, partition_id=batch.partition_id, select_fields=["prompts", "responses", "extra_fields"]
+        )
+        prompts = [p.tolist() for p in data["prompts"].unbind()]
+        responses = [r.tolist() for r in data["responses"].unbind()]
+        teacher_prompts = [(extra or {}).get(TEACHER_PROMPT) for extra in list(data["extra_fields"])]
+        sequences, starts, privileged = teacher_sequences(prompts, responses, teacher_prompts, self.ema.get("max_len"))
+        per_rank = self.actor_rollout_wg.teacher_topk(
+            sequences, starts, int(self.ema["topk"]), float(self.ema["temperature"])
+        )
+        fields = []
+        for prompt, (ids, logprobs) in zip(prompts, merge_ranks(per_rank, len(sequences))):
+            # the rows start at the response's first token; the student's prompt positions before
+            # its last get filler rows, which the loss never reads
+            ids, logprobs = align_to_student(ids, logprobs, 1, len(prompt), self.tokenizer.pad_token_id)
+            fields.append({"teacher_ids": ids, "teacher_logprobs": logprobs})
+        tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=list_of_dict_to_tensordict(fields))
+        metrics["teacher/privileged_share"] = sum(privileged) / max(len(privileged), 1)
+        return batch
+
+    def _update_actor(self, batch, metrics: dict):
+        batch = super()._update_actor(batch, metrics)
+        self.actor_rollout_wg.ema_update(float(self.ema["rate"]))
+        return batch
+
+    def _save_checkpoint(self):
+        # the teacher first: verl marks the checkpoint complete as its last act
+        self.actor_rollout_wg.save_teacher(self.teacher_folder(self.global_steps))
+        super()._save_checkpoint()

@@ -1,0 +1,163 @@
+"""An EMA teacher inside verl's actor worker (SDFT on verl).
+
+SDFT's teacher is an exponential moving average of the student (``θ_T ← (1 − α)·θ_T + α·θ_S``
+after every training step, α = 0.01: :meth:`methods.core.teacher.Teacher.update`) reading the
+task's demonstration ahead of the task.  verl's teacher servers are frozen, and the rollout
+servers (Skill-SD's teacher) hold the student, not its average.  So the EMA lives where verl
+already keeps a second copy of the model beside the student: the reference model of the hybrid
+actor worker (role ``actor_rollout_ref``), an FSDP engine on the same devices, sharded as the
+actor is.  As in the SDPO authors' verl fork, the reference model *is* the teacher; there is no
+third copy.
+
+:class:`EMATeacherWorker` is verl's ``ActorRolloutRefWorker`` with four calls the trainer
+(:class:`methods.verl_backend.trainer.EMATeacherTrainer`) makes on every rank:
+
+* :meth:`~EMATeacherWorker.ema_update` after each step's update: each rank moves its own shards of
+  the reference model toward its own shards of the actor (:func:`ema_update_`), with no
+  communication; the reference model's weights are fp32 (verl's default ``model_dtype``), since
+  at α = 0.01 a bf16 average would round most updates away;
+* :meth:`~EMATeacherWorker.teacher_topk`: the teacher's top-k log-probabilities at each response
+  token of *teacher prompt + response* sequences (:func:`topk_rows`), at the rollout
+  temperature, from the full logits (so no tempering approximation, unlike the teacher servers'
+  rows in :mod:`.distill`);
+* :meth:`~EMATeacherWorker.save_teacher` / :meth:`~EMATeacherWorker.load_teacher`: each rank's
+  shards beside verl's checkpoint (verl saves the actor only), so a resumed run continues from
+  the average it had.
+
+Nothing of the worker runs without GPUs (verl's FSDP engine is registered for CUDA and NPU); the
+tests run :func:`ema_update_`, :func:`topk_rows` and the worker's methods on plain modules.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+
+import torch
+from verl.single_controller.base.decorator import Dispatch, register
+from verl.utils.device import get_device_id, get_device_name, get_torch_device
+from verl.workers.engine_workers import ActorRolloutRefWorker
+
+__all__ = ["ema_update_", "topk_rows", "local_shard", "shard_file", "EMATeacherWorker"]
+
+
+def local_shard(param: torch.Tensor) -> torch.Tensor:
+    """The part of ``param`` this rank holds: an FSDP2 parameter's local tensor, else the tensor
+    itself (an FSDP1 flat parameter is already this rank's shard)."""
+    to_local = getattr(param, "to_local", None)
+    return to_local() if to_local is not None else param.data
+
+
+@torch.no_grad()
+def ema_update_(
+    teacher: Iterable[tuple[str, torch.Tensor]], student: Iterable[tuple[str, torch.Tensor]], rate: float
+) -> int:
+    """``θ_T ← (1 − rate)·θ_T + rate·θ_S`` in place, parameter by parameter (the suite's
+    :meth:`~methods.core.teacher.Teacher.update`), on named tensors paired in order.  Returns the
+    number of elements updated.  Refuses pairs whose names or shapes differ (the two models are
+    not sharded alike) and teachers that are not fp32."""
+    if not 0.0 < rate <= 1.0:
+        raise ValueError(f"an EMA teacher needs a rate in (0, 1], got {rate}")
+    teacher, student = list(teacher), list(student)
+    if [n for n, _ in teacher] != [n for n, _ in student]:
+        raise ValueError("the teacher's and the student's parameters differ in names or order")
+    count = 0
+    for (name, t), (_, s) in zip(teacher, student):
+        if t.shape != s.shape:
+            raise ValueError(f"{name}: teacher shard {tuple(t.shape)} != student shard {tuple(s.shape)}")
+        if t.dtype != torch.float32:
+            raise ValueError(f"{name}: the EMA teacher must be fp32 (got {t.dtype}); a rate-{rate} average rounds away")
+        t.lerp_(s.to(device=t.device, dtype=t.dtype), rate)
+        count += t.numel()
+    return count
+
+
+def topk_rows(
+    logits: torch.Tensor, start: int, k: int, temperature: float, chunk: int = 1024
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top-``k`` ids ``[n, k]`` (int32) and log-probabilities (fp32) of ``softmax(logits /
+    temperature)`` at positions ``start`` on, of one sequence's logits ``[L, V]``: row ``j`` is the
+    distribution over the token at ``start + j + 1``, so with ``start`` = teacher prompt length − 1
+    the rows predict the response's tokens, and the last row (after the last token) fills the
+    dummy row verl's layout ends with.  ``chunk`` rows at a time are upcast (a 16k-token response
+    over a 150k vocabulary would be 10 GB in fp32 at once)."""
+    ids, logprobs = [], []
+    for piece in logits[start:].split(chunk):
+        lp, top = torch.log_softmax(piece.float() / temperature, dim=-1).topk(k, dim=-1)
+        ids.append(top.to(torch.int32))
+        logprobs.append(lp)
+    return torch.cat(ids), torch.cat(logprobs)
+
+
+def shard_file(folder: str, rank: int, world_size: int) -> str:
+    """Where rank ``rank`` of ``world_size`` keeps its teacher shards in a checkpoint folder."""
+    return os.path.join(folder, f"teacher_rank{rank}_of{world_size}.pt")
+
+
+class EMATeacherWorker(ActorRolloutRefWorker):
+    """verl's hybrid actor worker whose reference model is an EMA teacher (module docstring)."""
+
+    def _named_shards(self, which) -> list[tuple[str, torch.Tensor]]:
+        return [(name, local_shard(p)) for name, p in which.engine.module.named_parameters()]
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def ema_update(self, rate: float) -> int:
+        """Move this rank's teacher shards toward its actor shards; the element count updated."""
+        if self.ref is None or self.actor is None:
+            raise RuntimeError("the EMA teacher needs role actor_rollout_ref (an actor and a reference model)")
+        return ema_update_(self._named_shards(self.ref), self._named_shards(self.actor), rate)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def teacher_topk(
+        self, sequences: Sequence[Sequence[int]], starts: Sequence[int], k: int, temperature: float
+    ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """:func:`topk_rows` of the teacher for each sequence (``starts[i]`` = its teacher prompt's
+        length − 1).  Every rank gets every sequence and scores every ``world_size``-th one, one
+        sequence per forward; ranks with fewer run their first again, so that all ranks make the
+        same number of forwards (FSDP gathers each layer's weights collectively).  Returns this
+        rank's rows by sequence index; the trainer merges the ranks'."""
+        mine = list(range(self.rank, len(sequences), self.world_size))
+        rounds = -(-len(sequences) // self.world_size)
+        accelerated = get_torch_device().is_available()
+        device = torch.device(get_device_name(), get_device_id()) if accelerated else torch.device("cpu")
+        out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        with self.ref.engine.eval_mode(), torch.no_grad():
+            module = self.ref.engine.module
+            for r in range(rounds):
+                i = mine[r] if r < len(mine) else (mine[0] if mine else 0)
+                ids = torch.tensor([list(sequences[i])], dtype=torch.long, device=device)
+                positions = torch.arange(ids.shape[1], device=device)[None]
+                rows = ids.shape[1] - int(starts[i])  # logits at the teacher prompt's last position on only
+                logits = module(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=rows).logits[0]
+                if r < len(mine):
+                    row_ids, row_lp = topk_rows(logits, 0, k, temperature)
+                    out[i] = (row_ids.cpu(), row_lp.cpu())
+        return out
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_teacher(self, folder: str) -> None:
+        """This rank's teacher shards into ``folder`` (one file per rank)."""
+        os.makedirs(folder, exist_ok=True)
+        shards = {name: t.detach().cpu().clone() for name, t in self._named_shards(self.ref)}
+        path = shard_file(folder, self.rank, self.world_size)
+        torch.save(shards, path + ".tmp")
+        os.replace(path + ".tmp", path)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_teacher(self, folder: str) -> None:
+        """This rank's teacher shards from ``folder``, saved by as many ranks as there are now."""
+        path = shard_file(folder, self.rank, self.world_size)
+        if not os.path.exists(path):
+            raise FileNotFoundError(
+                f"{path}: no EMA teacher saved by rank {self.rank} of {self.world_size} (a checkpoint from another "
+                "number of GPUs cannot be resumed with its teacher)"
+            )
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        with torch.no_grad():
+            mine = self._named_shards(self.ref)
+            if sorted(saved) != sorted(name for name, _ in mine):
+                raise ValueError(f"{path}: the saved teacher's parameters are not this model's")
+            for name, t in mine:
+                if saved[name].shape != t.shape:
+                    raise ValueError(f"{path}: {name} was saved as {tuple(saved[name].shape)}, is {tuple(t.shape)}")
+                t.copy_(saved[name])

@@ -1,0 +1,359 @@
+"""SDFT on the verl backend, on CPU: the EMA update against the suite's teacher, the worker's calls on
+plain modules (verl's FSDP engine needs GPUs), the agent loop leaving the teacher to the trainer,
+the trainer's teacher rows on the student's layout, its update and checkpoint order, and the
+generated config (verl 0.9.1, installed --no-deps)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("verl")
+
+from methods.verl_backend import plugin  # noqa: E402
+from tests.test_verl_backend import _privileged_worker, _suite_config  # noqa: E402
+
+VOCAB = 48
+
+
+def _tiny_lm(seed: int):
+    """A two-layer Qwen2 of width 16, random weights (the architecture the small profile uses)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=False,
+    )  # fmt: skip
+    return Qwen2ForCausalLM(config).eval()
+
+
+class _Engine:
+    """What the worker reads of verl's FSDP engine: its module and its eval-mode context."""
+
+    def __init__(self, module):
+        self.module = module
+        self.forwards = 0
+        module.register_forward_hook(lambda *_: setattr(self, "forwards", self.forwards + 1))
+
+    def eval_mode(self, **kwargs):
+        return contextlib.nullcontext()
+
+
+def _worker(student, teacher, rank=0, world_size=1):
+    from methods.verl_backend.ema import EMATeacherWorker
+
+    worker = object.__new__(EMATeacherWorker)  # verl's own __init__ needs a process group and GPUs
+    worker._rank, worker._world_size = rank, world_size
+    worker.actor = SimpleNamespace(engine=_Engine(student))
+    worker.ref = SimpleNamespace(engine=_Engine(teacher))
+    return worker
+
+
+def _sdft_job():
+    from methods.core.config import resolve_job
+
+    return resolve_job(dict(_suite_config(), profile="real-verl"), "code", "sdft")
+
+
+# --------------------------------------------------------------------------- the EMA
+def test_ema_update_is_the_suites_ema_teacher_update():
+    """Three steps of a moving student: the worker's shard-by-shard update leaves the teacher exactly
+    where the suite's :meth:`Teacher.update` (``torch._foreach_lerp_`` over the parameters) does."""
+    from methods.core.teacher import Teacher
+    from methods.verl_backend.ema import ema_update_
+
+    student, ours, suites = _tiny_lm(0), _tiny_lm(1), _tiny_lm(1)
+    rate = 0.01
+    suite = object.__new__(Teacher)  # the suite's EMA teacher, on these models (its __init__ needs a run)
+    suite.source, suite.ema_rate, suite._model, suite.run = "ema", rate, suites, SimpleNamespace(model=student)
+    for _ in range(3):
+        with torch.no_grad():
+            for p in student.parameters():
+                p.add_(torch.randn_like(p) * 0.1)
+        n = ema_update_(ours.named_parameters(), student.named_parameters(), rate)
+        suite.update()
+        assert n == sum(p.numel() for p in student.parameters())
+    for (name, a), b in zip(ours.named_parameters(), suites.parameters()):
+        assert torch.equal(a, b), name
+    moved = next(ours.parameters()) - next(_tiny_lm(1).parameters())
+    assert moved.abs().max() > 0  # it did move
+
+
+def test_ema_update_refuses_a_half_precision_teacher_and_unlike_shards():
+    from methods.verl_backend.ema import ema_update_
+
+    t = [("w", torch.zeros(4))]
+    with pytest.raises(ValueError, match="must be fp32"):
+        ema_update_([("w", torch.zeros(4, dtype=torch.bfloat16))], t, 0.01)
+    with pytest.raises(ValueError, match="teacher shard"):
+        ema_update_([("w", torch.zeros(3))], t, 0.01)
+    with pytest.raises(ValueError, match="names or order"):
+        ema_update_([("v", torch.zeros(4))], t, 0.01)
+    with pytest.raises(ValueError, match=r"rate in \(0, 1\]"):
+        ema_update_(t, t, 0.0)
+
+
+def test_bf16_would_round_the_average_away():
+    """Why the teacher is fp32: at rate 0.01 most of a bf16 teacher's updates round to nothing."""
+    torch.manual_seed(0)
+    teacher = torch.randn(10_000)
+    student = teacher + 0.05 * torch.randn(10_000)
+    half = teacher.bfloat16()
+    half.lerp_(student.bfloat16(), 0.01)
+    assert (half == teacher.bfloat16()).float().mean() > 0.5
+
+
+# --------------------------------------------------------------------------- the worker
+def test_top_k_rows_in_chunks_are_the_rows_at_once():
+    from methods.verl_backend.ema import topk_rows
+
+    logits = torch.randn(50, VOCAB)
+    whole = topk_rows(logits, 7, 6, 0.7, chunk=1 << 20)
+    for chunk in (1, 8, 43):
+        parts = topk_rows(logits, 7, 6, 0.7, chunk=chunk)
+        assert torch.equal(parts[0], whole[0]) and torch.equal(parts[1], whole[1])
+    assert whole[0].shape == (43, 6)
+
+
+def test_worker_moves_its_teacher_shards_toward_its_actor_shards():
+    student, teacher = _tiny_lm(0), _tiny_lm(1)
+    expected = [t + 0.5 * (s - t) for t, s in zip(teacher.parameters(), student.parameters())]
+    worker = _worker(student, teacher)
+    assert worker.ema_update(0.5) == sum(p.numel() for p in teacher.parameters())
+    for a, b in zip(teacher.parameters(), expected):
+        assert torch.allclose(a, b)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.8])
+def test_worker_teacher_rows_are_the_tempered_top_k_at_the_response_tokens(temperature):
+    """Row j of a sequence is the teacher's distribution (logits / T) over the response's token j+1
+    positions after the teacher prompt's start, i.e. ``log_softmax(logits[start + j] / T)``'s top-k,
+    and every rank of an uneven split makes as many forwards as the others."""
+    teacher = _tiny_lm(3)
+    sequences = [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10], [11, 12, 13, 14, 15], [16, 17, 18, 19, 20, 21, 22]]
+    starts = [2, 1, 3, 4]
+    ranks = [_worker(_tiny_lm(0), copy.deepcopy(teacher), rank=r, world_size=3) for r in range(3)]
+    parts = [w.teacher_topk(sequences, starts, 5, temperature) for w in ranks]
+    assert [sorted(p) for p in parts] == [[0, 3], [1], [2]]
+    assert {w.ref.engine.forwards for w in ranks} == {2}  # lockstep forwards: FSDP gathers collectively
+    for i, (seq, start) in enumerate(zip(sequences, starts)):
+        owner = parts[i % 3][i]
+        with torch.no_grad():
+            full = torch.log_softmax(teacher(torch.tensor([seq])).logits[0] / temperature, dim=-1)
+        lp, ids = full[start:].topk(5, dim=-1)
+        assert owner[0].dtype == torch.int32 and owner[0].shape == (len(seq) - start, 5)
+        assert torch.equal(owner[0], ids.int()) and torch.allclose(owner[1], lp, atol=1e-6)
+
+
+def test_worker_saves_and_loads_its_teacher_shards(tmp_path):
+    from methods.verl_backend.ema import shard_file
+
+    worker = _worker(_tiny_lm(0), _tiny_lm(1))
+    worker.ema_update(0.3)
+    saved = {n: p.detach().clone() for n, p in worker.ref.engine.module.named_parameters()}
+    worker.save_teacher(str(tmp_path))
+    assert (tmp_path / "teacher_rank0_of1.pt").exists() and shard_file(str(tmp_path), 0, 1).endswith("rank0_of1.pt")
+    fresh = _worker(_tiny_lm(0), _tiny_lm(2))
+    fresh.load_teacher(str(tmp_path))
+    for name, p in fresh.ref.engine.module.named_parameters():
+        assert torch.equal(p, saved[name]), name
+    with pytest.raises(FileNotFoundError, match="rank 1 of 2"):
+        _worker(_tiny_lm(0), _tiny_lm(1), rank=1, world_size=2).load_teacher(str(tmp_path))
+    other = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="not this model's"):
+        _worker(other, torch.nn.Linear(2, 2)).load_teacher(str(tmp_path))
+
+
+# --------------------------------------------------------------------------- the agent loop
+def test_sdft_agent_loop_leaves_the_teacher_prompt_to_the_trainer():
+    import asyncio
+
+    from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
+
+    from methods.verl_backend.distill import TEACHER_PROMPT
+
+    class Servers:  # any call to the teacher servers fails the test
+        def __getattr__(self, name):
+            raise AssertionError(f"the teacher servers were used ({name})")
+
+    for validate in (False, True):
+        out = AgentLoopOutput(
+            prompt_ids=[5, 6], response_ids=[7, 8], response_mask=[1, 1], num_turns=2,
+            metrics=AgentLoopMetrics(), extra_fields={TEACHER_PROMPT: [5, 9, 6]},
+        )  # fmt: skip
+        worker = _privileged_worker(
+            Servers(), {"lopd_bench": {"teacher_context": "expert", "teacher_in_trainer": True}}
+        )
+        if validate:  # held-out episodes: verl's own path, which scores nothing without a teacher
+            worker.distillation_enabled = False
+        asyncio.run(worker._compute_teacher_logprobs(out, [5, 6], [7, 8], validate, {}))
+        assert "teacher_ids" not in out.extra_fields
+        assert out.extra_fields.get(TEACHER_PROMPT) == (None if validate else [5, 9, 6])
+
+
+# --------------------------------------------------------------------------- the trainer
+class _FakeTQ:
+    """TransferQueue's key-value calls on one partition, holding what verl's agent loop puts there
+    (``list_of_dict_to_tensordict`` of the episodes' fields)."""
+
+    def __init__(self, fields):
+        from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+        self.data = list_of_dict_to_tensordict(fields)
+        self.put = None
+
+    def kv_batch_get(self, keys, partition_id, select_fields):
+        assert len(keys) == len(self.data)
+        return self.data.select(*select_fields)
+
+    def kv_batch_put(self, keys, partition_id, fields):
+        assert len(keys) == len(self.data)
+        self.put = fields
+
+
+class _WorkerGroup:
+    """The ONE_TO_ALL dispatch of verl's worker group: each call on every rank, results as a list."""
+
+    def __init__(self, workers, calls=None):
+        self.workers = workers
+        self.calls = [] if calls is None else calls
+
+    def __getattr__(self, name):
+        def call(*args):
+            self.calls.append(name)
+            return [getattr(w, name)(*args) for w in self.workers]
+
+        return call
+
+
+def _trainer(tmp_path, monkeypatch):
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+    from methods.verl_backend.launch import main_ppo_config
+    from methods.verl_backend.trainer import EMATeacherTrainer
+
+    cfg = main_ppo_config(_sdft_job(), 0, model_path="m", data_dir=tmp_path, run_dir=tmp_path)
+    cfg.lopd_bench.ema_teacher.max_len = 12
+    monkeypatch.setattr(PPOTrainerSync, "on_init_end", lambda self: None)
+    monkeypatch.setattr(PPOTrainerSync, "_save_checkpoint", lambda self: self.order.append("verl"))
+    monkeypatch.setattr(
+        PPOTrainerSync, "_update_actor", lambda self, batch, metrics: self.order.append("update") or batch
+    )
+    trainer = EMATeacherTrainer(cfg)
+    trainer.order = []
+    trainer.tokenizer = SimpleNamespace(pad_token_id=0)
+    return trainer, cfg
+
+
+def test_ema_trainer_plans_the_hybrid_worker_with_its_teacher_and_no_teacher_pool(tmp_path, monkeypatch):
+    from verl.trainer.ppo.v1.trainer_base import Role
+
+    trainer, cfg = _trainer(tmp_path, monkeypatch)
+    assert trainer.trainer_mode == "sync" and trainer.use_reference_policy and not trainer.use_teacher_policy
+    trainer._init_resource_pool_mgr()  # verl's plan of GPU pools, without starting them
+    assert "teacher_pool" not in trainer.resource_pool_manager.resource_pool_spec and cfg.distillation.enabled
+    assert set(trainer.role_worker_mapping) == {Role.ActorRolloutRef}  # the reference model is built: the teacher
+    assert trainer.resource_pool_manager.mapping[Role.ActorRolloutRef] == "global_pool"
+    assert "EMATeacherWorker" in repr(trainer.role_worker_mapping[Role.ActorRolloutRef])
+
+
+def test_ema_trainer_writes_the_teachers_rows_on_the_students_layout(tmp_path, monkeypatch):
+    """The rows verl's loss reads for a student's response token, at the student's position, are the
+    EMA teacher's tempered top-k for that token after the *teacher's* prompt; a rollout whose teacher
+    sequence would not fit the teacher's positions is scored after the student's own prompt."""
+    import transfer_queue
+
+    from methods.verl_backend.distill import TEACHER_PROMPT
+
+    trainer, cfg = _trainer(tmp_path, monkeypatch)
+    teacher = _tiny_lm(5)
+    trainer.actor_rollout_wg = _WorkerGroup([_worker(_tiny_lm(0), teacher, rank=r, world_size=2) for r in range(2)])
+    episodes = [  # (student prompt, teacher prompt, response)
+        ([1, 2, 3], [1, 30, 31, 2, 3], [4, 5, 6]),
+        ([1, 2], [1, 32, 2], [7, 8, 9, 10]),
+        ([1, 2, 3], [1, 30, 31, 33, 34, 35, 2, 3], [11, 12, 13]),  # 8 + 3 = 11 <= max_len 12: fits
+        ([1, 2], [1, 30, 31, 33, 34, 35, 36, 37, 2], [14, 15, 16, 17]),  # 9 + 4 = 13 > 12: the student's prompt
+    ]
+    tq = _FakeTQ([
+        {"prompts": torch.tensor(p), "responses": torch.tensor(r), "extra_fields": {TEACHER_PROMPT: t}}
+        for p, t, r in episodes
+    ])  # fmt: skip
+    monkeypatch.setattr(transfer_queue, "kv_batch_get", tq.kv_batch_get)
+    monkeypatch.setattr(transfer_queue, "kv_batch_put", tq.kv_batch_put)
+    batch = SimpleNamespace(keys=[f"k{i}" for i in range(4)], partition_id="train")
+    metrics = {}
+    assert trainer._compute_ref_log_prob(batch, metrics) is batch
+    assert metrics == {"teacher/privileged_share": 0.75}
+    T, k = cfg.lopd_bench.ema_teacher.temperature, cfg.lopd_bench.ema_teacher.topk
+    assert k == 32 < VOCAB and T == cfg.actor_rollout_ref.rollout.temperature
+    ids, logprobs = tq.put["teacher_ids"].unbind(), tq.put["teacher_logprobs"].unbind()
+    for n, (prompt, teacher_prompt, response) in enumerate(episodes):
+        head = teacher_prompt if len(teacher_prompt) + len(response) <= 12 else prompt
+        assert ids[n].shape == logprobs[n].shape == (len(prompt) + len(response), k)  # the student's sequence
+        with torch.no_grad():
+            full = torch.log_softmax(teacher(torch.tensor([head + response])).logits[0] / T, dim=-1)
+        for j in range(len(response)):  # the student's logits at len(prompt) - 1 + j predict response[j]
+            lp, top = full[len(head) - 1 + j].topk(k)
+            assert torch.equal(ids[n][len(prompt) - 1 + j], top.int())
+            assert torch.allclose(logprobs[n][len(prompt) - 1 + j], lp, atol=1e-6)
+
+
+def test_ema_trainer_moves_the_teacher_after_the_update_and_saves_it_before_verls_checkpoint(tmp_path, monkeypatch):
+    from methods.verl_backend.trainer import EMA_TEACHER_DIR, checkpoint_dir
+
+    trainer, cfg = _trainer(tmp_path, monkeypatch)
+    student, teacher = _tiny_lm(0), _tiny_lm(1)
+    before = [p.detach().clone() for p in teacher.parameters()]
+    trainer.actor_rollout_wg = _WorkerGroup([_worker(student, teacher)], calls=trainer.order)
+    trainer._update_actor("batch", {})
+    assert trainer.order == ["update", "ema_update"]  # after the student's update
+    rate = cfg.lopd_bench.ema_teacher.rate
+    assert rate == 0.01
+    for p, b, s in zip(teacher.parameters(), before, student.parameters()):
+        assert torch.allclose(p, b + rate * (s - b), atol=1e-7)
+    trainer.global_steps = 1
+    trainer._save_checkpoint()
+    folder = tmp_path / "checkpoints" / "global_step_1" / EMA_TEACHER_DIR
+    assert trainer.order == ["update", "ema_update", "save_teacher", "verl"]  # verl marks it complete last
+    assert str(folder) == trainer.teacher_folder(1) and folder.is_dir()
+    assert checkpoint_dir(cfg, 1) == str(folder.parent)
+    # resumed: the saved average, not the base model
+    resumed = _WorkerGroup([_worker(_tiny_lm(0), _tiny_lm(7))])
+    trainer.actor_rollout_wg = resumed
+    trainer.on_init_end()
+    for a, b in zip(resumed.workers[0].ref.engine.module.parameters(), teacher.parameters()):
+        assert torch.equal(a, b)
+    trainer.global_steps = 2
+    with pytest.raises(FileNotFoundError, match="no EMA teacher"):
+        trainer.on_init_end()
+
+
+# --------------------------------------------------------------------------- the config
+def test_main_ppo_config_of_sdft_distils_from_an_ema_teacher_in_the_actor_workers(tmp_path):
+    from methods.verl_backend.launch import main_ppo_config, validate
+    from methods.verl_backend.trainer import EMA_TRAINER
+
+    job = _sdft_job()
+    kw = {"model_path": tmp_path / "base", "data_dir": tmp_path, "run_dir": tmp_path}
+    cfg = main_ppo_config(job, 0, **kw)
+    validate(cfg)
+    assert cfg.trainer.v1.trainer_mode == EMA_TRAINER and cfg.lopd_bench.teacher_in_trainer
+    assert cfg.lopd_bench.teacher_context == "expert"  # OPSD's demonstration
+    loss = cfg.distillation.distillation_loss
+    assert loss.loss_mode == "forward_kl_topk" and not loss.use_task_rewards and not loss.use_policy_gradient
+    assert cfg.actor_rollout_ref.ref.fsdp_config.model_dtype == "fp32"
+    ema = cfg.lopd_bench.ema_teacher
+    assert ema.rate == job["method_config"]["ema_rate"] == 0.01 and ema.topk == loss.topk
+    assert not cfg.actor_rollout_ref.actor.use_kl_loss and not cfg.algorithm.use_kl_in_reward  # no KL to it
+    assert cfg.algorithm.adv_estimator == plugin.ADV_ESTIMATOR_KEEP
+    manager = cfg.actor_rollout_ref.rollout.agent.agent_loop_manager_class
+    assert manager == "methods.verl_backend.distill.PrivilegedAgentLoopManager"
+    with pytest.raises(ValueError, match="needs teacher_source 'ema'"):
+        main_ppo_config(dict(job, method_config=dict(job["method_config"], teacher_source="frozen")), 0, **kw)
+    with pytest.raises(ValueError, match="divergence 'jsd' has no verl path"):
+        main_ppo_config(dict(job, method_config=dict(job["method_config"], divergence="jsd")), 0, **kw)

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 pytest.importorskip("verl")
 
@@ -129,25 +130,56 @@ def test_worker_moves_its_teacher_shards_toward_its_actor_shards():
         assert torch.allclose(a, b)
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.8])
-def test_worker_teacher_rows_are_the_tempered_top_k_at_the_response_tokens(temperature):
-    """Row j of a sequence is the teacher's distribution (logits / T) over the response's token j+1
-    positions after the teacher prompt's start, i.e. ``log_softmax(logits[start + j] / T)``'s top-k,
-    and every rank of an uneven split makes as many forwards as the others."""
+@pytest.mark.parametrize("temperature,max_tokens", [(1.0, 1), (0.8, 1), (0.8, 20), (0.8, 10_000)])
+def test_worker_teacher_rows_are_the_tempered_top_k_at_the_response_tokens(temperature, max_tokens):
+    """Row j of a sequence is the teacher's distribution (logits / T) over the token after position
+    ``start + j``, i.e. ``log_softmax(logits[start + j] / T)``'s top-k, whether the sequence is
+    scored alone or right-padded in a micro-batch; every rank of an uneven split makes as many
+    forwards as the others."""
+    from methods.verl_backend.ema import micro_batches
+
     teacher = _tiny_lm(3)
-    sequences = [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10], [11, 12, 13, 14, 15], [16, 17, 18, 19, 20, 21, 22]]
-    starts = [2, 1, 3, 4]
+    sequences = [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10], [11, 12, 13, 14, 15], [16, 17, 18, 19, 20, 21, 22], [23, 24, 25]]
+    starts = [2, 1, 3, 4, 1]
     ranks = [_worker(_tiny_lm(0), copy.deepcopy(teacher), rank=r, world_size=3) for r in range(3)]
-    parts = [w.teacher_topk(sequences, starts, 5, temperature) for w in ranks]
-    assert [sorted(p) for p in parts] == [[0, 3], [1], [2]]
-    assert {w.ref.engine.forwards for w in ranks} == {2}  # lockstep forwards: FSDP gathers collectively
+    freed = []
+    for w in ranks:  # as an FSDP2 module: the gathered weights are freed before and after the forwards
+        w.ref.engine.module.reshard = lambda: freed.append(1)
+    parts = [w.teacher_topk(sequences, starts, 5, temperature, max_tokens) for w in ranks]
+    assert len(freed) == 2 * len(ranks)
+    assert [sorted(p) for p in parts] == [[0, 3], [1, 4], [2]]
+    most = max(len(micro_batches([len(x) for x in sequences], r, 3, max_tokens)) for r in range(3))
+    assert most == (2 if max_tokens < 20 else 1)
+    assert {w.ref.engine.forwards for w in ranks} == {most}  # lockstep forwards: FSDP gathers collectively
     for i, (seq, start) in enumerate(zip(sequences, starts)):
         owner = parts[i % 3][i]
         with torch.no_grad():
             full = torch.log_softmax(teacher(torch.tensor([seq])).logits[0] / temperature, dim=-1)
         lp, ids = full[start:].topk(5, dim=-1)
         assert owner[0].dtype == torch.int32 and owner[0].shape == (len(seq) - start, 5)
-        assert torch.equal(owner[0], ids.int()) and torch.allclose(owner[1], lp, atol=1e-6)
+        assert torch.equal(owner[0], ids.int()) and torch.allclose(owner[1], lp, atol=1e-5)
+
+
+def test_micro_batches_keep_each_ranks_share_in_order_within_the_padded_budget():
+    from methods.verl_backend.ema import micro_batches
+
+    lengths = [4, 9, 3, 3, 30, 2, 5, 5]
+    assert micro_batches(lengths, 0, 2, 12) == [[0, 2], [4], [6]]  # 2 x 4; 30 alone; 5
+    assert micro_batches(lengths, 1, 2, 12) == [[1], [3, 5], [7]]  # 9; 2 x 3; 5 (5 + 3 rows of 5 > 12)
+    assert micro_batches(lengths, 0, 1, 10**6) == [list(range(8))]
+    assert micro_batches([], 0, 4, 10) == []
+
+
+def test_reshard_root_frees_the_gathered_root_weights_of_either_fsdp():
+    from methods.verl_backend.ema import reshard_root
+
+    calls = []
+    sharded = SimpleNamespace(_handle=SimpleNamespace(uses_sharded_strategy=True, reshard=calls.append))
+    reshard_root(sharded)  # FSDP1, sharded: free them
+    reshard_root(SimpleNamespace(_handle=SimpleNamespace(uses_sharded_strategy=False, reshard=calls.append)))
+    reshard_root(SimpleNamespace(reshard=lambda: calls.append("fsdp2")))
+    reshard_root(torch.nn.Linear(2, 2))  # a plain module: nothing
+    assert calls == [True, "fsdp2"]
 
 
 def test_worker_saves_and_loads_its_teacher_shards(tmp_path):
@@ -281,16 +313,17 @@ def test_ema_trainer_writes_the_teachers_rows_on_the_students_layout(tmp_path, m
     ]
     tq = _FakeTQ([
         {"prompts": torch.tensor(p), "responses": torch.tensor(r), "extra_fields": {TEACHER_PROMPT: t}}
-        for p, t, r in episodes
+        for p, t, r in episodes + episodes[:1]
     ])  # fmt: skip
     monkeypatch.setattr(transfer_queue, "kv_batch_get", tq.kv_batch_get)
     monkeypatch.setattr(transfer_queue, "kv_batch_put", tq.kv_batch_put)
-    batch = SimpleNamespace(keys=[f"k{i}" for i in range(4)], partition_id="train")
+    tags = [{"status": "success"}] * 4 + [{"status": "success", "is_padding": True}]
+    batch = SimpleNamespace(keys=[f"k{i}" for i in range(5)], partition_id="train", tags=tags)
     metrics = {}
     assert trainer._compute_ref_log_prob(batch, metrics) is batch
-    assert metrics == {"teacher/privileged_share": 0.75}
-    T, k = cfg.lopd_bench.ema_teacher.temperature, cfg.lopd_bench.ema_teacher.topk
-    assert k == 32 < VOCAB and T == cfg.actor_rollout_ref.rollout.temperature
+    assert metrics == {"teacher/privileged_share": 0.75}  # verl's padding row (a privileged copy) not counted
+    T, k = cfg.actor_rollout_ref.rollout.temperature, cfg.lopd_bench.ema_teacher.topk
+    assert k == 32 < VOCAB and T == 0.8
     ids, logprobs = tq.put["teacher_ids"].unbind(), tq.put["teacher_logprobs"].unbind()
     for n, (prompt, teacher_prompt, response) in enumerate(episodes):
         head = teacher_prompt if len(teacher_prompt) + len(response) <= 12 else prompt
@@ -310,6 +343,10 @@ def test_ema_trainer_moves_the_teacher_after_the_update_and_saves_it_before_verl
     student, teacher = _tiny_lm(0), _tiny_lm(1)
     before = [p.detach().clone() for p in teacher.parameters()]
     trainer.actor_rollout_wg = _WorkerGroup([_worker(student, teacher)], calls=trainer.order)
+    trainer.global_steps = 0
+    trainer.on_init_end()
+    assert trainer.order == ["check_teacher"]  # the shards pair up, before any rollout
+    del trainer.order[:]
     trainer._update_actor("batch", {})
     assert trainer.order == ["update", "ema_update"]  # after the student's update
     rate = cfg.lopd_bench.ema_teacher.rate
@@ -349,6 +386,9 @@ def test_main_ppo_config_of_sdft_distils_from_an_ema_teacher_in_the_actor_worker
     assert cfg.actor_rollout_ref.ref.fsdp_config.model_dtype == "fp32"
     ema = cfg.lopd_bench.ema_teacher
     assert ema.rate == job["method_config"]["ema_rate"] == 0.01 and ema.topk == loss.topk
+    # verl builds the reference model (the teacher) from its own section: its validation, asked as for a
+    # run with a reference model, needs the micro-batch size that ActorRolloutRefWorker.init_model reads
+    assert cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu == 1
     assert not cfg.actor_rollout_ref.actor.use_kl_loss and not cfg.algorithm.use_kl_in_reward  # no KL to it
     assert cfg.algorithm.adv_estimator == plugin.ADV_ESTIMATOR_KEEP
     manager = cfg.actor_rollout_ref.rollout.agent.agent_loop_manager_class
@@ -357,3 +397,20 @@ def test_main_ppo_config_of_sdft_distils_from_an_ema_teacher_in_the_actor_worker
         main_ppo_config(dict(job, method_config=dict(job["method_config"], teacher_source="frozen")), 0, **kw)
     with pytest.raises(ValueError, match="divergence 'jsd' has no verl path"):
         main_ppo_config(dict(job, method_config=dict(job["method_config"], divergence="jsd")), 0, **kw)
+
+
+def test_ema_trainer_refuses_settings_that_break_its_teacher(tmp_path, monkeypatch):
+    from methods.verl_backend.launch import main_ppo_config
+    from methods.verl_backend.trainer import EMATeacherTrainer
+
+    base = main_ppo_config(_sdft_job(), 0, model_path="m", data_dir=tmp_path, run_dir=tmp_path)
+    for key, value, message in [
+        ("actor_rollout_ref.actor.ulysses_sequence_parallel_size", 2, "ulysses_sequence_parallel_size"),
+        ("actor_rollout_ref.model.use_fused_kernels", True, "use_fused_kernels"),
+        ("actor_rollout_ref.model.lora.rank", 8, "LoRA"),
+        ("actor_rollout_ref.ref.fsdp_config.fsdp_size", 2, "fsdp_config.fsdp_size differs"),
+    ]:
+        cfg = base.copy()
+        OmegaConf.update(cfg, key, value, merge=False)
+        with pytest.raises(ValueError, match=message):
+            EMATeacherTrainer(cfg)

@@ -9,7 +9,7 @@ actor worker (role ``actor_rollout_ref``), an FSDP engine on the same devices, s
 actor is.  As in the SDPO authors' verl fork, the reference model *is* the teacher; there is no
 third copy.
 
-:class:`EMATeacherWorker` is verl's ``ActorRolloutRefWorker`` with four calls the trainer
+:class:`EMATeacherWorker` is verl's ``ActorRolloutRefWorker`` with five calls the trainer
 (:class:`methods.verl_backend.trainer.EMATeacherTrainer`) makes on every rank:
 
 * :meth:`~EMATeacherWorker.ema_update` after each step's update: each rank moves its own shards of
@@ -19,17 +19,21 @@ third copy.
 * :meth:`~EMATeacherWorker.teacher_topk`: the teacher's top-k log-probabilities at each response
   token of *teacher prompt + response* sequences (:func:`topk_rows`), at the rollout
   temperature, from the full logits (so no tempering approximation, unlike the teacher servers'
-  rows in :mod:`.distill`);
+  rows in :mod:`.distill`), in right-padded micro-batches (:func:`micro_batches`), freeing the
+  root FSDP unit's gathered weights around them (:func:`reshard_root`);
+* :meth:`~EMATeacherWorker.check_teacher`, once before training: the shards pair up;
 * :meth:`~EMATeacherWorker.save_teacher` / :meth:`~EMATeacherWorker.load_teacher`: each rank's
   shards beside verl's checkpoint (verl saves the actor only), so a resumed run continues from
   the average it had.
 
 Nothing of the worker runs without GPUs (verl's FSDP engine is registered for CUDA and NPU); the
-tests run :func:`ema_update_`, :func:`topk_rows` and the worker's methods on plain modules.
+tests run :func:`ema_update_`, :func:`topk_rows`, :func:`micro_batches` and the worker's methods on
+plain modules.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterable, Sequence
 
@@ -38,7 +42,7 @@ from verl.single_controller.base.decorator import Dispatch, register
 from verl.utils.device import get_device_id, get_device_name, get_torch_device
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
-__all__ = ["ema_update_", "topk_rows", "local_shard", "shard_file", "EMATeacherWorker"]
+__all__ = ["ema_update_", "topk_rows", "micro_batches", "reshard_root", "local_shard", "shard_file", "EMATeacherWorker"]
 
 
 def local_shard(param: torch.Tensor) -> torch.Tensor:
@@ -50,13 +54,13 @@ def local_shard(param: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def ema_update_(
-    teacher: Iterable[tuple[str, torch.Tensor]], student: Iterable[tuple[str, torch.Tensor]], rate: float
+    teacher: Iterable[tuple[str, torch.Tensor]], student: Iterable[tuple[str, torch.Tensor]], rate: float | None
 ) -> int:
     """``θ_T ← (1 − rate)·θ_T + rate·θ_S`` in place, parameter by parameter (the suite's
     :meth:`~methods.core.teacher.Teacher.update`), on named tensors paired in order.  Returns the
     number of elements updated.  Refuses pairs whose names or shapes differ (the two models are
-    not sharded alike) and teachers that are not fp32."""
-    if not 0.0 < rate <= 1.0:
+    not sharded alike) and teachers that are not fp32.  ``rate`` None checks and moves nothing."""
+    if rate is not None and not 0.0 < rate <= 1.0:
         raise ValueError(f"an EMA teacher needs a rate in (0, 1], got {rate}")
     teacher, student = list(teacher), list(student)
     if [n for n, _ in teacher] != [n for n, _ in student]:
@@ -67,7 +71,8 @@ def ema_update_(
             raise ValueError(f"{name}: teacher shard {tuple(t.shape)} != student shard {tuple(s.shape)}")
         if t.dtype != torch.float32:
             raise ValueError(f"{name}: the EMA teacher must be fp32 (got {t.dtype}); a rate-{rate} average rounds away")
-        t.lerp_(s.to(device=t.device, dtype=t.dtype), rate)
+        if rate is not None:
+            t.lerp_(s.to(device=t.device, dtype=t.dtype), rate)
         count += t.numel()
     return count
 
@@ -89,6 +94,35 @@ def topk_rows(
     return torch.cat(ids), torch.cat(logprobs)
 
 
+def micro_batches(lengths: Sequence[int], rank: int, world_size: int, max_tokens: int) -> list[list[int]]:
+    """Rank ``rank``'s share of sequences (every ``world_size``-th, from ``rank``), grouped in
+    order into micro-batches whose padded size (rows × the longest row) stays within
+    ``max_tokens``; a sequence longer than that goes alone."""
+    batches: list[list[int]] = []
+    longest = 0
+    for i in range(rank, len(lengths), world_size):
+        if batches and (len(batches[-1]) + 1) * max(longest, lengths[i]) <= max_tokens:
+            batches[-1].append(i)
+            longest = max(longest, lengths[i])
+        else:
+            batches.append([i])
+            longest = lengths[i]
+    return batches
+
+
+def reshard_root(module) -> None:
+    """Free the root FSDP unit's gathered weights (verl's own eval-mode exit does it only where
+    ``fsdp_size`` > 1): FSDP1 reuses them at the next forward without gathering the shards again,
+    so after an EMA update the teacher would score with the embeddings, final norm and head it
+    had before.  A plain module (the tests') has nothing to free."""
+    handle = getattr(module, "_handle", None)  # FSDP1's root unit
+    if handle is not None:
+        if handle.uses_sharded_strategy:
+            handle.reshard(True)
+    elif callable(getattr(module, "reshard", None)):  # FSDP2's FSDPModule
+        module.reshard()
+
+
 def shard_file(folder: str, rank: int, world_size: int) -> str:
     """Where rank ``rank`` of ``world_size`` keeps its teacher shards in a checkpoint folder."""
     return os.path.join(folder, f"teacher_rank{rank}_of{world_size}.pt")
@@ -108,30 +142,59 @@ class EMATeacherWorker(ActorRolloutRefWorker):
         return ema_update_(self._named_shards(self.ref), self._named_shards(self.actor), rate)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def check_teacher(self) -> int:
+        """Refuse, before the first step, a teacher whose shards do not pair with the actor's (the
+        checks of :func:`ema_update_`, nothing moved); the element count."""
+        if self.ref is None or self.actor is None:
+            raise RuntimeError("the EMA teacher needs role actor_rollout_ref (an actor and a reference model)")
+        return ema_update_(self._named_shards(self.ref), self._named_shards(self.actor), rate=None)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def teacher_topk(
-        self, sequences: Sequence[Sequence[int]], starts: Sequence[int], k: int, temperature: float
+        self,
+        sequences: Sequence[Sequence[int]],
+        starts: Sequence[int],
+        k: int,
+        temperature: float,
+        max_tokens: int = 16384,
     ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """:func:`topk_rows` of the teacher for each sequence (``starts[i]`` = its teacher prompt's
-        length − 1).  Every rank gets every sequence and scores every ``world_size``-th one, one
-        sequence per forward; ranks with fewer run their first again, so that all ranks make the
-        same number of forwards (FSDP gathers each layer's weights collectively).  Returns this
-        rank's rows by sequence index; the trainer merges the ranks'."""
-        mine = list(range(self.rank, len(sequences), self.world_size))
-        rounds = -(-len(sequences) // self.world_size)
+        length − 1).  Every rank gets every sequence and scores every ``world_size``-th one, in
+        right-padded micro-batches of at most ``max_tokens`` padded tokens (:func:`micro_batches`;
+        a causal model's logits at a row's real tokens do not depend on the padding after them);
+        ranks with fewer micro-batches make one-token forwards, so that all ranks make the same
+        number (FSDP gathers each layer's weights collectively).  Returns this rank's rows by
+        sequence index; the trainer merges the ranks'."""
+        lengths = [len(s) for s in sequences]
+        plans = [micro_batches(lengths, r, self.world_size, max_tokens) for r in range(self.world_size)]
+        mine, rounds = plans[self.rank], max((len(p) for p in plans), default=0)
         accelerated = get_torch_device().is_available()
         device = torch.device(get_device_name(), get_device_id()) if accelerated else torch.device("cpu")
+        dtype = getattr(self.ref.engine, "_autocast_dtype", torch.float32)  # as verl's own forward_step
+        autocast = (
+            torch.autocast(device_type=device.type, dtype=dtype) if dtype != torch.float32 else contextlib.nullcontext()
+        )
+        module = self.ref.engine.module
         out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        with self.ref.engine.eval_mode(), torch.no_grad():
-            module = self.ref.engine.module
+        with self.ref.engine.eval_mode(), torch.no_grad(), autocast:
+            reshard_root(module)  # weights gathered before the last update must not be reused
             for r in range(rounds):
-                i = mine[r] if r < len(mine) else (mine[0] if mine else 0)
-                ids = torch.tensor([list(sequences[i])], dtype=torch.long, device=device)
-                positions = torch.arange(ids.shape[1], device=device)[None]
-                rows = ids.shape[1] - int(starts[i])  # logits at the teacher prompt's last position on only
-                logits = module(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=rows).logits[0]
-                if r < len(mine):
-                    row_ids, row_lp = topk_rows(logits, 0, k, temperature)
+                batch = mine[r] if r < len(mine) else None
+                rows = [list(sequences[i]) for i in batch] if batch else [list(sequences[0][:1])]
+                width = max(len(row) for row in rows)
+                ids = torch.tensor([row + row[-1:] * (width - len(row)) for row in rows], device=device)
+                keep = width - min(int(starts[i]) for i in batch) if batch else 1
+                logits = module(
+                    input_ids=ids, position_ids=torch.arange(width, device=device).expand_as(ids), use_cache=False,
+                    logits_to_keep=keep,
+                ).logits  # fmt: skip
+                for b, i in enumerate(batch or ()):
+                    offset = width - keep  # logits[:, j] is position offset + j
+                    row_ids, row_lp = topk_rows(
+                        logits[b, int(starts[i]) - offset : lengths[i] - offset], 0, k, temperature
+                    )
                     out[i] = (row_ids.cpu(), row_lp.cpu())
+            reshard_root(module)  # FSDP1 keeps the root unit's gathered weights otherwise (stale after the update)
         return out
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -220,6 +220,8 @@ def _ema_teacher(job: dict, model_path: str | Path, prompt_len: int) -> dict:
         "distillation.distillation_loss.use_policy_gradient": False,
         "actor_rollout_ref.actor.loss_agg_mode": "token-mean",  # the suite's distillation loss (methods/core/distill.py)
         "actor_rollout_ref.ref.fsdp_config.model_dtype": "fp32",  # the EMA's weights (verl's default, made explicit)
+        # verl builds the reference model's engine config from these (ActorRolloutRefWorker.init_model)
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 1,
         "actor_rollout_ref.rollout.agent.agent_loop_manager_class": "methods.verl_backend.distill.PrivilegedAgentLoopManager",
         "trainer.v1.trainer_mode": EMA_TRAINER,
         "lopd_bench.teacher_context": TEACHER_CONTEXT[job["method"]],
@@ -227,8 +229,8 @@ def _ema_teacher(job: dict, model_path: str | Path, prompt_len: int) -> dict:
         "lopd_bench.ema_teacher": {
             "rate": float(mc["ema_rate"]),
             "topk": int(opts.get("distill_topk", 32)),
-            # the teacher's logits divided by the rollout temperature, as the student's reach the loss
-            "temperature": float(job["train"]["temperature"]),
+            # padded tokens per teacher forward (the rollout's log-prob budget per GPU by default)
+            "max_tokens": int(opts.get("teacher_max_tokens", 16384)),
             # the suite's teacher gives no signal past the model's positions (docs/verl.md)
             "max_len": _teacher_context_length(job, model_path, prompt_len),
         },
@@ -333,7 +335,11 @@ def validate(cfg: DictConfig) -> None:
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
-    validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    from methods.verl_backend.trainer import EMA_TRAINER
+
+    # the EMA trainer builds the reference model (its teacher) though no KL to it is asked for
+    ema = OmegaConf.select(cfg, "trainer.v1.trainer_mode") == EMA_TRAINER
+    validate_config(cfg, use_reference_policy=need_reference_policy(cfg) or ema, use_critic=need_critic(cfg))
 
 
 def write_config(cfg: DictConfig, path: str | Path) -> None:

@@ -236,6 +236,27 @@ def merge_ranks(per_rank: list[dict], n: int) -> list:
     return [merged[i] for i in range(n)]
 
 
+def _refuse_unpaired_teacher(config) -> None:
+    """Refuse the settings under which the EMA teacher's forward or its shard-by-shard update
+    cannot work: sequence parallelism (each rank scores its own sequences), fused kernels (no
+    logits), LoRA (the reference model would get its own adapters), and actor and reference FSDP
+    settings that shard the two models differently."""
+    arr = config.actor_rollout_ref
+    problems = []
+    if int(arr.actor.get("ulysses_sequence_parallel_size", 1) or 1) > 1:
+        problems.append("ulysses_sequence_parallel_size > 1")
+    if arr.model.get("use_fused_kernels"):
+        problems.append("model.use_fused_kernels")
+    if int((arr.model.get("lora") or {}).get("rank", 0) or 0) > 0 or int(arr.model.get("lora_rank", 0) or 0) > 0:
+        problems.append("LoRA")
+    for key in ("strategy", "wrap_policy", "fsdp_size", "use_orig_params", "reshard_after_forward"):
+        actor, ref = arr.actor.fsdp_config.get(key), arr.ref.fsdp_config.get(key)
+        if actor != ref:
+            problems.append(f"fsdp_config.{key} differs (actor {actor}, ref {ref})")
+    if problems:
+        raise ValueError(f"trainer_mode {EMA_TRAINER} cannot keep its EMA teacher with: {'; '.join(problems)}")
+
+
 @_register(EMA_TRAINER)
 class EMATeacherTrainer(_OwnTeacher, PPOTrainerSync):
     """SDFT: verl's synchronous trainer whose distillation teacher is an EMA of the student, kept
@@ -255,8 +276,9 @@ class EMATeacherTrainer(_OwnTeacher, PPOTrainerSync):
         self._check_distils(config)
         settings = (config.get(SECTION) or {}).get("ema_teacher")
         if not settings:
-            raise ValueError(f"trainer_mode {EMA_TRAINER} needs lopd_bench.ema_teacher (rate, topk, temperature)")
+            raise ValueError(f"trainer_mode {EMA_TRAINER} needs lopd_bench.ema_teacher (rate, topk, max_tokens)")
         self.ema = dict(settings)
+        _refuse_unpaired_teacher(config)
         _as_sync(config)
         super().__init__(config)
         self.use_teacher_policy = False  # no teacher servers: the teacher is the reference model
@@ -283,6 +305,7 @@ class EMATeacherTrainer(_OwnTeacher, PPOTrainerSync):
 
     def on_init_end(self):
         super().on_init_end()
+        self.actor_rollout_wg.check_teacher()  # the shards pair up, before a step's rollouts are spent
         if self.global_steps > 0:  # resumed: the teacher as it was saved with this checkpoint
             folder = self.teacher_folder(self.global_steps)
             if not os.path.isdir(folder):
@@ -300,8 +323,10 @@ class EMATeacherTrainer(_OwnTeacher, PPOTrainerSync):
         responses = [r.tolist() for r in data["responses"].unbind()]
         teacher_prompts = [(extra or {}).get(TEACHER_PROMPT) for extra in list(data["extra_fields"])]
         sequences, starts, privileged = teacher_sequences(prompts, responses, teacher_prompts, self.ema.get("max_len"))
+        # the student's logits reach verl's loss divided by the rollout temperature; so do the teacher's
+        temperature = float(self.config.actor_rollout_ref.rollout.temperature)
         per_rank = self.actor_rollout_wg.teacher_topk(
-            sequences, starts, int(self.ema["topk"]), float(self.ema["temperature"])
+            sequences, starts, int(self.ema["topk"]), temperature, int(self.ema["max_tokens"])
         )
         fields = []
         for prompt, (ids, logprobs) in zip(prompts, merge_ranks(per_rank, len(sequences))):
@@ -310,7 +335,10 @@ class EMATeacherTrainer(_OwnTeacher, PPOTrainerSync):
             ids, logprobs = align_to_student(ids, logprobs, 1, len(prompt), self.tokenizer.pad_token_id)
             fields.append({"teacher_ids": ids, "teacher_logprobs": logprobs})
         tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=list_of_dict_to_tensordict(fields))
-        metrics["teacher/privileged_share"] = sum(privileged) / max(len(privileged), 1)
+        # verl's padding rows (copies of a real one, to fill the data-parallel ranks) are not counted
+        real = [not (tag or {}).get("is_padding", False) for tag in batch.tags]
+        counted = [p for p, keep in zip(privileged, real, strict=True) if keep]
+        metrics["teacher/privileged_share"] = sum(counted) / max(len(counted), 1)
         return batch
 
     def _update_actor(self, batch, metrics: dict):

@@ -144,15 +144,56 @@ def main_ppo_config(
     return cfg
 
 
-#: the suite's divergences that verl's teacher servers can give (the teacher returns top-k log-probs)
+#: the suite's divergences that verl's top-k distillation can give (the teacher's rows are its top-k)
 VERL_DIVERGENCE = {"forward_kl": "forward_kl_topk"}
+
+TEACHER = "distillation.teacher_models.teacher_model"
+
+
+def _topk_distillation(job: dict) -> dict:
+    """OPSD's and SDFT's loss and hand-over: verl's top-k forward KL on the student's samples, no
+    reward in the loss, the teacher reading the privileged prompt (:mod:`.distill`)."""
+    from methods.verl_backend.plugin import ADV_ESTIMATOR_KEEP
+
+    mc = job["method_config"]
+    if mc["divergence"] not in VERL_DIVERGENCE:
+        raise ValueError(
+            f"{job['method']}: divergence {mc['divergence']!r} has no verl path (verl's loss reads the teacher's "
+            f"top-k log-probabilities; supported: {', '.join(VERL_DIVERGENCE)})"
+        )
+    return {
+        "distillation.enabled": True,
+        "distillation.distillation_loss.loss_mode": VERL_DIVERGENCE[mc["divergence"]],
+        "distillation.distillation_loss.topk": _distill_topk(job),
+        "distillation.distillation_loss.use_task_rewards": False,  # the teacher's distribution is the only signal
+        "distillation.distillation_loss.use_policy_gradient": False,
+        "actor_rollout_ref.actor.loss_agg_mode": "token-mean",  # the suite's distillation loss (methods/core/distill.py)
+        "actor_rollout_ref.rollout.agent.agent_loop_manager_class": "methods.verl_backend.distill.PrivilegedAgentLoopManager",
+        "lopd_bench.teacher_context": TEACHER_CONTEXT[job["method"]],
+        # group_size 1: every group is one rollout; the suite's dropping estimator would clear them all
+        "algorithm.adv_estimator": ADV_ESTIMATOR_KEEP,
+    }
+
+
+def _distill_topk(job: dict) -> int:
+    return int((job.get("backend_options") or {}).get("distill_topk", 32))
+
+
+def _no_teacher_pool(model_path: str | Path) -> dict:
+    """A distillation config whose teacher lives in the run's own workers (Skill-SD, SDFT): verl's
+    config checks a one-GPU teacher pool, which :class:`.trainer._OwnTeacher` never starts."""
+    return {
+        "distillation.enabled": True,
+        "distillation.n_gpus_per_node": 1,
+        "distillation.nnodes": 1,
+        f"{TEACHER}.model_path": str(model_path),
+        f"{TEACHER}.inference.tensor_model_parallel_size": 1,
+    }
 
 
 def _distillation(job: dict, model_path: str | Path, prompt_len: int) -> dict:
     """OPSD's settings: verl's on-policy distillation with the frozen base model as the teacher in
     its own GPU pool, reading the privileged prompt (:mod:`.distill`), and no reward in the loss."""
-    from methods.verl_backend.plugin import ADV_ESTIMATOR_KEEP
-
     mc, opts = job["method_config"], job.get("backend_options") or {}
     if mc["teacher_source"] != "frozen":
         raise ValueError(
@@ -160,33 +201,18 @@ def _distillation(job: dict, model_path: str | Path, prompt_len: int) -> dict:
             "servers are frozen, so a teacher pool needs teacher_source 'frozen' (SDFT's EMA teacher lives in the "
             "actor workers instead: docs/verl.md)"
         )
-    if mc["divergence"] not in VERL_DIVERGENCE:
-        raise ValueError(
-            f"{job['method']}: divergence {mc['divergence']!r} has no verl path (verl's teacher returns top-k "
-            f"log-probabilities; supported: {', '.join(VERL_DIVERGENCE)})"
-        )
-    teacher = "distillation.teacher_models.teacher_model"
     return {
-        "distillation.enabled": True,
+        **_topk_distillation(job),
         "distillation.n_gpus_per_node": int(opts.get("teacher_gpus", 1)),
         "distillation.nnodes": 1,
-        f"{teacher}.model_path": str(model_path),
-        f"{teacher}.inference.tensor_model_parallel_size": 1,
-        f"{teacher}.inference.max_model_len": _teacher_context_length(job, model_path, prompt_len),
+        f"{TEACHER}.model_path": str(model_path),
+        f"{TEACHER}.inference.tensor_model_parallel_size": 1,
+        f"{TEACHER}.inference.max_model_len": _teacher_context_length(job, model_path, prompt_len),
         # vLLM skips its prefix cache for prompt log-probability requests anyway, and with the cache on
         # such scores have been reported to depend on request order (vllm-project/vllm#42019, open)
-        f"{teacher}.inference.enable_prefix_caching": False,
-        "distillation.distillation_loss.loss_mode": VERL_DIVERGENCE[mc["divergence"]],
-        "distillation.distillation_loss.topk": int(opts.get("distill_topk", 32)),
-        "distillation.distillation_loss.use_task_rewards": False,  # OPSD: the teacher's distribution is the only signal
-        "distillation.distillation_loss.use_policy_gradient": False,
-        "actor_rollout_ref.actor.loss_agg_mode": "token-mean",  # the suite's distillation loss (methods/core/distill.py)
-        "actor_rollout_ref.rollout.agent.agent_loop_manager_class": "methods.verl_backend.distill.PrivilegedAgentLoopManager",
-        "lopd_bench.teacher_context": TEACHER_CONTEXT[job["method"]],
+        f"{TEACHER}.inference.enable_prefix_caching": False,
         # the teacher's top-k come at temperature 1; the worker tempers them to the student's (distill.py)
         "lopd_bench.teacher_temperature": float(job["train"]["temperature"]),
-        # group_size 1: every group is one rollout; the suite's dropping estimator would clear them all
-        "algorithm.adv_estimator": ADV_ESTIMATOR_KEEP,
     }
 
 
@@ -195,46 +221,27 @@ def _ema_teacher(job: dict, model_path: str | Path, prompt_len: int) -> dict:
     the teacher an EMA of the student kept as the actor worker's reference model and scored by the
     trainer after the rollouts (:class:`.trainer.EMATeacherTrainer`), in fp32 (the average's
     updates are 1 % steps)."""
-    from methods.verl_backend.plugin import ADV_ESTIMATOR_KEEP
     from methods.verl_backend.trainer import EMA_TRAINER
 
     mc, opts = job["method_config"], job.get("backend_options") or {}
     if mc["teacher_source"] != "ema":
         raise ValueError(f"{job['method']}: the verl trainer for an EMA teacher needs teacher_source 'ema'")
-    if mc["divergence"] not in VERL_DIVERGENCE:
-        raise ValueError(
-            f"{job['method']}: divergence {mc['divergence']!r} has no verl path (the loss reads the teacher's "
-            f"top-k log-probabilities; supported: {', '.join(VERL_DIVERGENCE)})"
-        )
-    teacher = "distillation.teacher_models.teacher_model"
     return {
-        "distillation.enabled": True,
-        # verl's config checks a one-GPU teacher pool; EMATeacherTrainer starts none
-        "distillation.n_gpus_per_node": 1,
-        "distillation.nnodes": 1,
-        f"{teacher}.model_path": str(model_path),
-        f"{teacher}.inference.tensor_model_parallel_size": 1,
-        "distillation.distillation_loss.loss_mode": VERL_DIVERGENCE[mc["divergence"]],
-        "distillation.distillation_loss.topk": int(opts.get("distill_topk", 32)),
-        "distillation.distillation_loss.use_task_rewards": False,  # the teacher's distribution is the only signal
-        "distillation.distillation_loss.use_policy_gradient": False,
-        "actor_rollout_ref.actor.loss_agg_mode": "token-mean",  # the suite's distillation loss (methods/core/distill.py)
+        **_topk_distillation(job),
+        **_no_teacher_pool(model_path),
         "actor_rollout_ref.ref.fsdp_config.model_dtype": "fp32",  # the EMA's weights (verl's default, made explicit)
         # verl builds the reference model's engine config from these (ActorRolloutRefWorker.init_model)
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 1,
-        "actor_rollout_ref.rollout.agent.agent_loop_manager_class": "methods.verl_backend.distill.PrivilegedAgentLoopManager",
         "trainer.v1.trainer_mode": EMA_TRAINER,
-        "lopd_bench.teacher_context": TEACHER_CONTEXT[job["method"]],
         "lopd_bench.teacher_in_trainer": True,
         "lopd_bench.ema_teacher": {
             "rate": float(mc["ema_rate"]),
-            "topk": int(opts.get("distill_topk", 32)),
+            "topk": _distill_topk(job),
             # padded tokens per teacher forward (the rollout's log-prob budget per GPU by default)
             "max_tokens": int(opts.get("teacher_max_tokens", 16384)),
             # the suite's teacher gives no signal past the model's positions (docs/verl.md)
             "max_len": _teacher_context_length(job, model_path, prompt_len),
         },
-        "algorithm.adv_estimator": ADV_ESTIMATOR_KEEP,
     }
 
 
@@ -287,15 +294,9 @@ def _skill_sd(job: dict, seed: int, model_path: str | Path, prompt_len: int) -> 
     mc = job["method_config"]
     if mc["is_clip"] != IS_CLIP:
         raise ValueError(f"skill_sd: is_clip {mc['is_clip']} has no verl path; the plugin's term caps at {IS_CLIP}")
-    teacher = "distillation.teacher_models.teacher_model"
     limit = _teacher_context_length(job, model_path, prompt_len)
     return {
-        "distillation.enabled": True,
-        # verl's config checks a one-GPU teacher pool; SkillTrainer starts none (the teacher is the student)
-        "distillation.n_gpus_per_node": 1,
-        "distillation.nnodes": 1,
-        f"{teacher}.model_path": str(model_path),
-        f"{teacher}.inference.tensor_model_parallel_size": 1,
+        **_no_teacher_pool(model_path),  # the teacher is the student, on the rollout servers
         "distillation.distillation_loss.loss_mode": DISTILLATION_LOSS,
         "distillation.distillation_loss.use_task_rewards": True,  # GRPO's loss, plus the term below
         "distillation.distillation_loss.distillation_loss_coef": float(mc["sdl_weight"]),

@@ -132,7 +132,13 @@ class EMATeacherWorker(ActorRolloutRefWorker):
     """verl's hybrid actor worker whose reference model is an EMA teacher (module docstring)."""
 
     def _named_shards(self, which) -> list[tuple[str, torch.Tensor]]:
-        return [(name, local_shard(p)) for name, p in which.engine.module.named_parameters()]
+        """``which``'s (the actor's or the reference model's) parameters as this rank's shards.  The
+        root unit is resharded first: an FSDP2 root may keep its gathered weights after a forward,
+        and its registered parameters are then the gathered copies, which an update would write
+        into and the next gathering would overwrite (a test on two CPU processes shows it)."""
+        module = which.engine.module
+        reshard_root(module)
+        return [(name, local_shard(p)) for name, p in module.named_parameters()]
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def ema_update(self, rate: float) -> int:

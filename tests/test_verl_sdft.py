@@ -164,9 +164,9 @@ def test_micro_batches_keep_each_ranks_share_in_order_within_the_padded_budget()
     from methods.verl_backend.ema import micro_batches
 
     lengths = [4, 9, 3, 3, 30, 2, 5, 5]
-    assert micro_batches(lengths, 0, 2, 12) == [[0, 2], [4], [6]]  # 2 x 4; 30 alone; 5
-    assert micro_batches(lengths, 1, 2, 12) == [[1], [3, 5], [7]]  # 9; 2 x 3; 5 (5 + 3 rows of 5 > 12)
-    assert micro_batches(lengths, 0, 1, 10**6) == [list(range(8))]
+    assert micro_batches(lengths, 0, 2, 12) == [[2, 0], [6], [4]]  # shortest first: 2 x 4; 5; 30 alone
+    assert micro_batches(lengths, 1, 2, 12) == [[5, 3], [7], [1]]  # 2 x 3; 5 (3 rows of 5 > 12); 9
+    assert micro_batches(lengths, 0, 1, 10**6) == [[5, 2, 3, 0, 6, 7, 1, 4]]
     assert micro_batches([], 0, 4, 10) == []
 
 
@@ -174,12 +174,31 @@ def test_reshard_root_frees_the_gathered_root_weights_of_either_fsdp():
     from methods.verl_backend.ema import reshard_root
 
     calls = []
-    sharded = SimpleNamespace(_handle=SimpleNamespace(uses_sharded_strategy=True, reshard=calls.append))
+    initialised = SimpleNamespace(_local_shard=torch.zeros(1))
+    sharded = SimpleNamespace(
+        _handle=SimpleNamespace(uses_sharded_strategy=True, reshard=calls.append, flat_param=initialised)
+    )
     reshard_root(sharded)  # FSDP1, sharded: free them
-    reshard_root(SimpleNamespace(_handle=SimpleNamespace(uses_sharded_strategy=False, reshard=calls.append)))
+    lazy = SimpleNamespace(
+        uses_sharded_strategy=True, reshard=calls.append, flat_param=torch.nn.Parameter(torch.zeros(1))
+    )
+    reshard_root(SimpleNamespace(_handle=lazy))  # not yet run: nothing gathered, nothing to free
+    reshard_root(
+        SimpleNamespace(
+            _handle=SimpleNamespace(uses_sharded_strategy=False, reshard=calls.append, flat_param=initialised)
+        )
+    )
     reshard_root(SimpleNamespace(reshard=lambda: calls.append("fsdp2")))
     reshard_root(torch.nn.Linear(2, 2))  # a plain module: nothing
     assert calls == [True, "fsdp2"]
+
+
+def test_worker_refuses_a_forward_that_ignores_logits_to_keep():
+    teacher = _tiny_lm(3)
+    forward = teacher.forward
+    teacher.forward = lambda **kw: forward(**{**kw, "logits_to_keep": 0})  # all positions, as some of verl's
+    with pytest.raises(RuntimeError, match="not the last"):
+        _worker(_tiny_lm(0), teacher).teacher_topk([[1, 2, 3, 4]], [1], 4, 1.0)
 
 
 def test_worker_saves_and_loads_its_teacher_shards(tmp_path):
@@ -409,6 +428,9 @@ def test_ema_trainer_refuses_settings_that_break_its_teacher(tmp_path, monkeypat
         ("actor_rollout_ref.model.use_fused_kernels", True, "use_fused_kernels"),
         ("actor_rollout_ref.model.lora.rank", 8, "LoRA"),
         ("actor_rollout_ref.ref.fsdp_config.fsdp_size", 2, "fsdp_config.fsdp_size differs"),
+        ("actor_rollout_ref.ref.ulysses_sequence_parallel_size", 2, "ulysses_sequence_parallel_size"),
+        ("actor_rollout_ref.ref.strategy", "fsdp2", "strategy differs"),
+        ("actor_rollout_ref.ref.fsdp_config.reshard_after_forward", False, "reshard_after_forward false"),
     ]:
         cfg = base.copy()
         OmegaConf.update(cfg, key, value, merge=False)
@@ -417,19 +439,29 @@ def test_ema_trainer_refuses_settings_that_break_its_teacher(tmp_path, monkeypat
 
 
 # --------------------------------------------------------------------------- on real FSDP2 shards
-def _fsdp2(model):
-    """verl's FSDP2 layout: each decoder layer a unit, the root (embeddings, norm, head) another."""
-    from torch.distributed.fsdp import fully_shard
+def _fsdp(model, version: int):
+    """verl's FSDP layout: each decoder layer a unit, the root (embeddings, norm, head) another;
+    FSDP1 (verl's default strategy, ``fsdp``) as verl wraps it (full shard, flat parameters), or
+    FSDP2 (``fsdp2``)."""
+    if version == 2:
+        from torch.distributed.fsdp import fully_shard
 
-    for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)
-    return model
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        return model
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    return FullyShardedDataParallel(
+        model, auto_wrap_policy=ModuleWrapPolicy({type(model.model.layers[0])}), device_id=torch.device("cpu"),
+        sharding_strategy=ShardingStrategy.FULL_SHARD, use_orig_params=False,
+    )  # fmt: skip
 
 
-def _two_rank_ema(rank, world_size, init_file, out_dir):
-    """One rank of :func:`test_ema_teacher_on_fsdp2_shards_of_two_cpu_processes` (run by
-    ``torch.multiprocessing.spawn``): the worker's own calls on FSDP2-sharded actor and teacher."""
+def _two_rank_ema(rank, world_size, init_file, out_dir, version):
+    """One rank of :func:`test_ema_teacher_on_fsdp_shards_of_two_cpu_processes` (run by
+    ``torch.multiprocessing.spawn``): the worker's own calls on FSDP-sharded actor and teacher."""
     import json
 
     import torch.distributed as dist
@@ -437,17 +469,17 @@ def _two_rank_ema(rank, world_size, init_file, out_dir):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     try:
-        worker = _worker(_fsdp2(_tiny_lm(0)), _fsdp2(_tiny_lm(1)), rank=rank, world_size=world_size)
+        worker = _worker(_fsdp(_tiny_lm(0), version), _fsdp(_tiny_lm(1), version), rank=rank, world_size=world_size)
         sequences, starts = [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10], [11, 12, 13]], [2, 1, 1]
+        checked = worker.check_teacher()  # before any forward (FSDP1 not yet lazily initialised)
         first = worker.teacher_topk(sequences, starts, 4, 0.8, 64)
         with torch.no_grad():  # forwards outside the worker's calls (verl's log-prob pass on the actor is one):
             for module in (worker.actor.engine.module, worker.ref.engine.module):  # the roots keep their gathered
                 module(torch.tensor([[1, 2, 3]]))  # weights after them
-        checked = worker.check_teacher()
         moved = worker.ema_update(0.5)
         after = worker.teacher_topk(sequences, starts, 4, 0.8, 64)
         worker.save_teacher(str(out_dir / "teacher"))
-        fresh = _worker(_fsdp2(_tiny_lm(0)), _fsdp2(_tiny_lm(2)), rank=rank, world_size=world_size)
+        fresh = _worker(_fsdp(_tiny_lm(0), version), _fsdp(_tiny_lm(2), version), rank=rank, world_size=world_size)
         fresh.load_teacher(str(out_dir / "teacher"))
         reloaded = fresh.teacher_topk(sequences, starts, 4, 0.8, 64)
         rows = {
@@ -460,18 +492,20 @@ def _two_rank_ema(rank, world_size, init_file, out_dir):
 
 
 @pytest.mark.slow  # two processes on a gloo group
-def test_ema_teacher_on_fsdp2_shards_of_two_cpu_processes(tmp_path):
-    """The worker's calls on FSDP2 (verl's default engine layout) across two ranks: each rank updates
-    only its own half of the weights, and the teacher then scores exactly as the unsharded suite
-    EMA of the two models does, before and after a save and load; the pairing check passes.  (FSDP1
-    needs an accelerator; its root resharding is checked on stand-ins above.)"""
+@pytest.mark.parametrize("version", [1, 2])
+def test_ema_teacher_on_fsdp_shards_of_two_cpu_processes(tmp_path, version):
+    """The worker's calls on FSDP1 and FSDP2 models laid out as verl's engine lays them out, across two
+    ranks: the pairing check passes on models not yet run, each rank updates only its own share of the
+    weights, and the teacher then scores exactly as the unsharded suite EMA of the two models does,
+    before and after a save and load (FSDP1 would reuse the root's stale gathered weights without
+    :func:`reshard_root`; FSDP2's root keeps its gathered copies after a forward)."""
     import json
 
     import torch.multiprocessing as mp
 
     from methods.core.teacher import Teacher
 
-    mp.spawn(_two_rank_ema, args=(2, str(tmp_path / "init"), tmp_path), nprocs=2)
+    mp.spawn(_two_rank_ema, args=(2, str(tmp_path / "init"), tmp_path, version), nprocs=2)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     total = sum(p.numel() for p in _tiny_lm(1).parameters())
     assert [r["moved"] for r in ranks] == [r["checked"] for r in ranks] and sum(r["moved"] for r in ranks) == total

@@ -95,12 +95,12 @@ def topk_rows(
 
 
 def micro_batches(lengths: Sequence[int], rank: int, world_size: int, max_tokens: int) -> list[list[int]]:
-    """Rank ``rank``'s share of sequences (every ``world_size``-th, from ``rank``), grouped in
-    order into micro-batches whose padded size (rows × the longest row) stays within
-    ``max_tokens``; a sequence longer than that goes alone."""
+    """Rank ``rank``'s share of sequences (every ``world_size``-th, from ``rank``), shortest first
+    (less padding), grouped into micro-batches whose padded size (rows × the longest row) stays
+    within ``max_tokens``; a sequence longer than that goes alone."""
     batches: list[list[int]] = []
     longest = 0
-    for i in range(rank, len(lengths), world_size):
+    for i in sorted(range(rank, len(lengths), world_size), key=lambda i: (lengths[i], i)):
         if batches and (len(batches[-1]) + 1) * max(longest, lengths[i]) <= max_tokens:
             batches[-1].append(i)
             longest = max(longest, lengths[i])
@@ -117,7 +117,9 @@ def reshard_root(module) -> None:
     had before.  A plain module (the tests') has nothing to free."""
     handle = getattr(module, "_handle", None)  # FSDP1's root unit
     if handle is not None:
-        if handle.uses_sharded_strategy:
+        # before FSDP1's lazy initialisation (a model not yet run: the reference model until its first
+        # scoring) nothing is gathered, and resharding would fail on the missing local shard
+        if handle.uses_sharded_strategy and hasattr(handle.flat_param, "_local_shard"):
             handle.reshard(True)
     elif callable(getattr(module, "reshard", None)):  # FSDP2's FSDPModule
         module.reshard()
@@ -194,12 +196,17 @@ class EMATeacherWorker(ActorRolloutRefWorker):
                     input_ids=ids, position_ids=torch.arange(width, device=device).expand_as(ids), use_cache=False,
                     logits_to_keep=keep,
                 ).logits  # fmt: skip
+                if logits.shape[1] != keep:  # some of verl's replacement forwards ignore logits_to_keep
+                    raise RuntimeError(
+                        f"the teacher's forward returned {logits.shape[1]} positions, not the last {keep}"
+                    )
                 for b, i in enumerate(batch or ()):
                     offset = width - keep  # logits[:, j] is position offset + j
                     row_ids, row_lp = topk_rows(
                         logits[b, int(starts[i]) - offset : lengths[i] - offset], 0, k, temperature
                     )
                     out[i] = (row_ids.cpu(), row_lp.cpu())
+                del logits  # not alive during the next forward
             reshard_root(module)  # FSDP1 keeps the root unit's gathered weights otherwise (stale after the update)
         return out
 

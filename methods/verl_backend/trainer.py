@@ -239,17 +239,26 @@ def merge_ranks(per_rank: list[dict], n: int) -> list:
 def _refuse_unpaired_teacher(config) -> None:
     """Refuse the settings under which the EMA teacher's forward or its shard-by-shard update
     cannot work: sequence parallelism (each rank scores its own sequences), fused kernels (no
-    logits), LoRA (the reference model would get its own adapters), and actor and reference FSDP
-    settings that shard the two models differently."""
+    logits), LoRA (the reference model would get its own adapters), a reference model that keeps
+    its gathered weights after a forward, and actor and reference FSDP settings that shard the two
+    models differently."""
     arr = config.actor_rollout_ref
     problems = []
-    if int(arr.actor.get("ulysses_sequence_parallel_size", 1) or 1) > 1:
-        problems.append("ulysses_sequence_parallel_size > 1")
+    for where in (arr.actor, arr.ref, arr.actor.fsdp_config, arr.ref.fsdp_config):
+        if int(where.get("ulysses_sequence_parallel_size", 1) or 1) > 1:
+            problems.append("ulysses_sequence_parallel_size > 1")
+            break
+    if arr.actor.get("strategy") != arr.ref.get("strategy"):
+        problems.append(f"strategy differs (actor {arr.actor.get('strategy')}, ref {arr.ref.get('strategy')})")
+    if arr.ref.fsdp_config.get("reshard_after_forward") is False:
+        # FSDP1 would keep every unit's gathered weights (the teacher would never see an update), FSDP2
+        # the inner units' (their shards could not be read)
+        problems.append("ref.fsdp_config.reshard_after_forward false")
     if arr.model.get("use_fused_kernels"):
         problems.append("model.use_fused_kernels")
     if int((arr.model.get("lora") or {}).get("rank", 0) or 0) > 0 or int(arr.model.get("lora_rank", 0) or 0) > 0:
         problems.append("LoRA")
-    for key in ("strategy", "wrap_policy", "fsdp_size", "use_orig_params", "reshard_after_forward"):
+    for key in ("wrap_policy", "fsdp_size", "use_orig_params", "reshard_after_forward"):
         actor, ref = arr.actor.fsdp_config.get(key), arr.ref.fsdp_config.get(key)
         if actor != ref:
             problems.append(f"fsdp_config.{key} differs (actor {actor}, ref {ref})")

@@ -340,7 +340,7 @@ def test_ema_trainer_writes_the_teachers_rows_on_the_students_layout(tmp_path, m
     batch = SimpleNamespace(keys=[f"k{i}" for i in range(5)], partition_id="train", tags=tags)
     metrics = {}
     assert trainer._compute_ref_log_prob(batch, metrics) is batch
-    assert metrics == {"teacher/privileged_share": 0.75}  # verl's padding row (a privileged copy) not counted
+    assert metrics == {"teacher/signal_share": 0.75}  # verl's padding row (a privileged copy) not counted
     T, k = cfg.actor_rollout_ref.rollout.temperature, cfg.lopd_bench.ema_teacher.topk
     assert k == 32 < VOCAB and T == 0.8
     ids, logprobs = tq.put["teacher_ids"].unbind(), tq.put["teacher_logprobs"].unbind()
@@ -531,3 +531,19 @@ def test_ema_teacher_on_fsdp_shards_of_two_cpu_processes(tmp_path, version):
     suite.update()
     check("after", expected(teacher))
     check("reloaded", expected(teacher))
+
+
+def test_metrics_adapter_carries_sdfts_signal_share_under_the_suites_name(tmp_path):
+    import json
+
+    from methods.verl_backend.metrics import write_run_files
+    from tests.test_verl_backend import _fake_verl_run
+
+    job = _sdft_job()
+    job = dict(job, train=dict(job["train"], rollout_budget=128, rollouts_per_step=64, eval_every=64))
+    log, val, _ = _fake_verl_run(
+        tmp_path, steps=2, val_steps=[1, 2], extra=lambda step: {"teacher/signal_share": 0.25 * step}
+    )
+    write_run_files(job, "sdft", 0, log, val, tmp_path / "run")
+    train = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["signal_share"] for r in train if r["kind"] == "train"] == [0.25, 0.5]  # as the suite's SDFT logs it

@@ -39,6 +39,7 @@ TRAIN_FIELDS = {
     "skills": "skills/size",  # Skill-SD's trainer (methods/verl_backend/trainer.py), as the suite's loop logs them
     "skills_added": "skills/added",
     "skill_share": "skills/share",
+    "signal_share": "teacher/signal_share",  # SDFT's trainer: the rollouts whose teacher read the privileged prompt
 }
 #: the sampled reverse KL's metrics (methods/verl_backend/plugin.py), each a sum over the step's
 #: tokens, so that their ratios are token means however verl splits the step

@@ -347,7 +347,7 @@ class EMATeacherTrainer(_OwnTeacher, PPOTrainerSync):
         # verl's padding rows (copies of a real one, to fill the data-parallel ranks) are not counted
         real = [not (tag or {}).get("is_padding", False) for tag in batch.tags]
         counted = [p for p, keep in zip(privileged, real, strict=True) if keep]
-        metrics["teacher/privileged_share"] = sum(counted) / max(len(counted), 1)
+        metrics["teacher/signal_share"] = sum(counted) / max(len(counted), 1)
         return batch
 
     def _update_actor(self, batch, metrics: dict):

@@ -306,15 +306,16 @@ def cmd_convert_model(args) -> None:
 
 
 def _model_identity(path: Path, device, dtype) -> dict:
-    """What pins a model's answers beside the sampling settings: its weight files (name, size,
-    modification time: a re-converted or replaced model differs), the device and the dtype."""
-    files = sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin"))
-    return {
-        "model": str(path.resolve()),
-        "weights": [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files],
-        "device": str(device),
-        "dtype": str(dtype),
-    }
+    """What pins a model's answers beside the sampling settings: the SHA-256 of every file of its
+    directory (weights, configuration, tokenizer, chat template; not the suite's ``conversion.json``,
+    which records a wall time, nor hidden files such as Snakemake's timestamp), the device and the dtype.  A replaced model differs; the same model
+    converted again, or found at another path, does not, so a journal resumes on a fresh machine."""
+    from methods.core.shipped import sha256_file
+
+    files = sorted(
+        f for f in path.iterdir() if f.is_file() and f.name != "conversion.json" and not f.name.startswith(".")
+    )
+    return {"model_files": {f.name: sha256_file(f) for f in files}, "device": str(device), "dtype": str(dtype)}
 
 
 def cmd_eval_benchmark(args) -> None:

@@ -191,6 +191,35 @@ def test_a_journal_written_under_other_settings_is_refused(tmp_path):
     assert len(path.read_text().splitlines()) == 2  # refusing it left it as it was
 
 
+def test_a_journal_is_bound_to_the_model_files_bytes_not_to_their_path_or_times(tmp_path):
+    """eval-benchmark binds its journal to the model directory's contents: a copy elsewhere, written
+    later (a fresh machine converting the same GGUF again), is the same model; one changed byte in any
+    file that shapes the answers is not.  The suite's conversion record and hidden files do not count."""
+    import os
+    import shutil
+
+    from methods.cli import _model_identity
+
+    a = tmp_path / "a"
+    a.mkdir()
+    files = {"model.safetensors": b"weights", "tokenizer.json": b"{}", "chat_template.jinja": b"{{x}}"}
+    for name, data in files.items():
+        (a / name).write_bytes(data)
+    (a / "conversion.json").write_text('{"wall_s": 16.1}')
+    b = tmp_path / "elsewhere" / "b"
+    shutil.copytree(a, b)
+    os.utime(b / "model.safetensors", ns=(1, 1))
+    (b / "conversion.json").write_text('{"wall_s": 17.8}')
+    (b / ".snakemake_timestamp").write_bytes(b"")
+    assert _model_identity(a, "cpu", "torch.float32") == _model_identity(b, "cpu", "torch.float32")
+    assert _model_identity(a, "cpu", "torch.float32") != _model_identity(a, "cpu", "torch.bfloat16")
+    for name in ("model.safetensors", "chat_template.jinja"):
+        c = tmp_path / f"changed_{name}"
+        shutil.copytree(a, c)
+        (c / name).write_bytes((c / name).read_bytes() + b" ")
+        assert _model_identity(c, "cpu", "torch.float32") != _model_identity(a, "cpu", "torch.float32"), name
+
+
 def test_device_check_refuses_without_a_gpu_and_reports_run_summaries(tmp_path):
     """benchmarks/device_check.sh (a GPU check of the real profile): on this CPU machine it says it
     needs a GPU; its report turns run summaries into rollouts/s over training time and peak memory."""

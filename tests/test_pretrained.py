@@ -148,7 +148,7 @@ def _without_timings(report: dict) -> dict:
 
 
 @pytest.mark.slow
-def test_an_interrupted_benchmark_resumes_to_the_same_report(smollm2, tmp_path):
+def test_an_interrupted_benchmark_resumes_to_the_same_report(smollm2, tmp_path, capsys):
     """Each finished batch is journalled; a rerun after a crash (here: the journal cut after a
     batch, with a torn line after it) plays only the rest and reports what one run would."""
     from methods.core.benchmark import benchmark_eval
@@ -166,6 +166,8 @@ def test_an_interrupted_benchmark_resumes_to_the_same_report(smollm2, tmp_path):
 
     try:
         whole = run(tmp_path / "a.jsonl")
+        solved = sum(p["reward"] >= 1.0 for p in whole["problems_greedy"])
+        assert f"humaneval greedy: 3/3 episodes ({solved} solved)" in capsys.readouterr().err  # progress lines
         lines = (tmp_path / "a.jsonl").read_text().splitlines()
         assert len(lines) == 1 + 2 + 3  # the settings, 2 greedy batches, 3 sampled batches
         # cut in the greedy phase, and in the sampled one (where each batch's own seed matters)

@@ -98,8 +98,9 @@ def _play(model, encoder, domain, tasks, sampling, batch_size, seed, label, jour
         records += row["records"]
         wall += row["wall_s"]
         done = len(records)
+        solved = sum(r["reward"] >= 1.0 for r in records)
         print(
-            f"[eval-benchmark] {label}: {done}/{len(tasks)} episodes, {wall:.0f} s, "
+            f"[eval-benchmark] {label}: {done}/{len(tasks)} episodes ({solved} solved), {wall:.0f} s, "
             f"about {wall / done * (len(tasks) - done):.0f} s left",
             file=sys.stderr,
             flush=True,

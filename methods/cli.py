@@ -308,8 +308,9 @@ def cmd_convert_model(args) -> None:
 def _model_identity(path: Path, device, dtype) -> dict:
     """What pins a model's answers beside the sampling settings: the SHA-256 of every file of its
     directory (weights, configuration, tokenizer, chat template; not the suite's ``conversion.json``,
-    which records a wall time, nor hidden files such as Snakemake's timestamp), the device and the dtype.  A replaced model differs; the same model
-    converted again, or found at another path, does not, so a journal resumes on a fresh machine."""
+    which records a wall time, nor hidden files such as Snakemake's timestamp), the device and the
+    dtype.  A replaced model differs; the same model converted again, or found at another path, does
+    not, so a journal resumes on a fresh machine."""
     from methods.core.shipped import sha256_file
 
     files = sorted(

@@ -71,8 +71,9 @@ def test_sleep_hits_wall_clock(sandbox):
 def test_memory_bomb(sandbox):
     r = run_one(sandbox, "def f(x):\n    return len(bytearray(10 * 1024 ** 3))\n")
     assert not r.ok and r.reason.startswith("memory")
-    # Growing to the 256 MB limit takes real CPU time (page faults), so on a loaded machine the 1 s
-    # limits of the shared pool can fire first; this program gets a pool whose time limits are far off.
+    # Growing to the 256 MB limit takes 0.2-0.4 s on idle cores (a trivial program: 8 ms), so under a
+    # loaded test run the shared pool's 1.5 s wall limit can fire first; this program gets a pool
+    # whose time limits are far off.
     with Sandbox(workers=1, cpu_s=10, wall_s=15) as roomy:
         r = run_one(roomy, "a = []\nwhile True:\n    a.append('x' * 10 ** 6)\n")
         assert r.reason == "memory"

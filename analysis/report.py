@@ -115,6 +115,24 @@ def headline_ablations(ab: pd.DataFrame) -> list[str]:
             f"- {domain_name(d)}: LOPD (m = 0.05) {a['mean']:.3f}, frozen composer {f['mean']:.3f}, m = 0 {z['mean']:.3f}: the paper's ordering "
             f"{'holds in the means' if holds else 'does not hold in the means'}{' (all three CIs overlap)' if noise else ''}."
         )
+        readings = [
+            (m, name)
+            for m, name in (
+                ("lopd_text", "the text control (the same items as text)"),
+                ("lopd_successes_only", "successes only distilled"),
+                ("lopd_noself", "no self-retrieval"),
+            )
+            if m in sub.index
+        ]
+        if readings:
+            out.append(
+                f"- {domain_name(d)}: LOPD {a['mean']:.3f} against "
+                + "; ".join(
+                    f"{name} {sub.loc[m, 'mean']:.3f}{' (CIs overlap)' if _overlap(a, sub.loc[m]) else ''}"
+                    for m, name in readings
+                )
+                + "."
+            )
         others = sub.drop(index="lopd")
         lo_m, hi_m = others["mean"].min(), others["mean"].max()
         out.append(
@@ -135,6 +153,13 @@ def headline_dynamics(dyn: pd.DataFrame) -> list[str]:
         if parts:
             out.append(f"- {domain_name(d)} (LOPD, mean over seeds, first → last step): " + ", ".join(parts) + ".")
     return out
+
+
+def headline_diagnosis(dg: pd.DataFrame) -> list[str]:
+    """Where LOPD lands and why: one paragraph of measured numbers per domain (:mod:`analysis.lopd_diagnosis`)."""
+    from .lopd_diagnosis import paragraph
+
+    return [f"- {p}" for d in sorted(dg.domain.unique()) if (p := paragraph(dg, d))]
 
 
 def headline_teacher_check(tc: pd.DataFrame) -> list[str]:
@@ -238,6 +263,8 @@ def build(a: argparse.Namespace) -> str:
         lines += ["", *headline_dynamics(pd.read_csv(a.dynamics))]
     if a.teacher_check:
         lines += ["", *headline_teacher_check(pd.read_csv(a.teacher_check))]
+    if a.diagnosis:
+        lines += ["", *headline_diagnosis(pd.read_csv(a.diagnosis))]
     lines += ["", f"## Table 1 (`{a.table1}`)", "", _section(a.table1_md)]
     if a.paired_md:
         lines += ["", f"## Paired differences (`{a.paired_md}`)", "", _section(a.paired_md)]
@@ -259,6 +286,7 @@ def build(a: argparse.Namespace) -> str:
         (a.improvement_md, "Probability of improvement"),
         (a.ablations_md, "Ablations"),
         (a.behaviour_md, "Behaviour (the paper's Table 3)"),
+        (a.diagnosis_md, "LOPD diagnosis: where it lands and why"),
     ):
         if md:
             lines += ["", f"## {title} (`{md}`)", "", _section(md)]
@@ -290,6 +318,8 @@ def main(argv=None) -> None:
     p.add_argument("--ablations-md")
     p.add_argument("--behaviour-md")
     p.add_argument("--dynamics", help="lopd_dynamics.csv")
+    p.add_argument("--diagnosis", help="lopd_diagnosis.csv (one paragraph per domain in the headline)")
+    p.add_argument("--diagnosis-md", help="lopd_diagnosis.md (section)")
     p.add_argument("--figure", help="sample-efficiency PNG")
     p.add_argument("--dynamics-figure", help="LOPD dynamics PNG")
     p.add_argument("--teacher-check", help="teacher_check.csv (headline)")
@@ -313,6 +343,8 @@ def main(argv=None) -> None:
         "ablations_md",
         "behaviour_md",
         "dynamics",
+        "diagnosis",
+        "diagnosis_md",
         "figure",
         "dynamics_figure",
         "testbed",

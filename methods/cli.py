@@ -554,6 +554,8 @@ def cmd_coldstart(args) -> None:
     if not cls.needs_cold_start:
         raise SystemExit(f"error: method {job['method']} has no cold start (needs_cold_start is False)")
     cfg = make_config(cls.Config, job["method_config"], f"methods.{job.get('run_name', job['method'])}")
+    if cfg.cold_start_key() is None:
+        raise SystemExit(f"error: {job.get('run_name', job['method'])} needs no cold start (its cold_start_key is None)")
     domain = get_domain(job["domain"], seed=job["task_seed"], **job["domain_options"])
     backbone, tokenizer = load_policy(Path(args.warmstart) / "model", device=args.device)
     encoder = ChatEncoder(tokenizer)
@@ -656,7 +658,7 @@ def cmd_train(args) -> None:
                 )
             run.bank_path = args.bank
             run.ledger.pre_rollouts = json.loads(Path(args.bank).with_name("bank.json").read_text())["seed_rollouts"]
-    if cls.needs_cold_start:
+    if cls.needs_cold_start and method_cfg.cold_start_key() is not None:
         if not args.composer or not Path(args.composer).exists():
             raise SystemExit(
                 f"method {job['method']} starts from a cold-started composer (--composer composer.pt); got {args.composer!r}. Run `python -m methods.cli coldstart` first."

@@ -57,3 +57,20 @@ rule lopd_dynamics:
         "../envs/suite.yaml"
     shell:
         "python -m analysis.lopd_dynamics --runs {params.metrics} --out-csv {output.csv} --out-png {output.png} > {log} 2>&1"
+
+
+rule lopd_diagnosis:
+    """Where LOPD lands and why (analysis/lopd_diagnosis.py): cold-start gains, signal share, the teacher's advantage on successes and failures, β and Δ, the teacher against the student, per domain and variant over seeds."""
+    input:
+        runs=expand(f"{OUT}/runs/{{domain}}/lopd/seed{{seed}}/summary.json", domain=DOMAINS, seed=SEEDS)
+        + expand(f"{OUT}/runs/{{domain}}/{{method}}/seed{{seed}}/summary.json", domain=ABLATION_DOMAINS, method=ABLATIONS, seed=SEEDS),
+    output:
+        csv=report(f"{OUT}/lopd_diagnosis.csv", category="Diagnostics", subcategory="LOPD diagnosis"),
+        md=f"{OUT}/lopd_diagnosis.md",
+    log:
+        f"{OUT}/logs/lopd_diagnosis.log",
+    threads: 1
+    conda:
+        "../envs/suite.yaml"
+    shell:
+        "python -m analysis.lopd_diagnosis --runs {input.runs} --out-csv {output.csv} --out-md {output.md} > {log} 2>&1"

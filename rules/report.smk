@@ -165,7 +165,7 @@ rule compute:
 
 
 rule report:
-    """The report (results/<profile>/report.md): test-bed validity first, then Table 1, paired differences, figures, rollouts-to-target, probability of improvement, ablations, behaviour, dynamics."""
+    """The report (results/<profile>/report.md): test-bed validity first, then Table 1, paired differences, figures, rollouts-to-target, probability of improvement, ablations, behaviour, LOPD's diagnosis and dynamics."""
     input:
         table1=f"{OUT}/table1.csv",
         table1_md=f"{OUT}/table1.md",
@@ -177,6 +177,8 @@ rule report:
         ablations_md=f"{OUT}/ablations.md",
         behaviour_md=[f"{OUT}/behaviour.md"] if BEHAVIOUR_DOMAIN in DOMAINS else [],
         dynamics=f"{OUT}/lopd_dynamics.csv",
+        diagnosis=f"{OUT}/lopd_diagnosis.csv",
+        diagnosis_md=f"{OUT}/lopd_diagnosis.md",
         figure=f"{OUT}/figures/sample_efficiency.png",
         dynamics_figure=f"{OUT}/lopd_dynamics.png",
         teacher_check=f"{OUT}/teacher_check.csv",
@@ -200,6 +202,7 @@ rule report:
         "python -m analysis.report --table1 {input.table1} --table1-md {input.table1_md} "
         "--targets {input.targets} --targets-md {input.targets_md} --improvement {input.improvement} --improvement-md {input.improvement_md} "
         "--ablations {input.ablations} --ablations-md {input.ablations_md} {params.behaviour} --dynamics {input.dynamics} "
+        "--diagnosis {input.diagnosis} --diagnosis-md {input.diagnosis_md} "
         "--figure {input.figure} --dynamics-figure {input.dynamics_figure} "
         "--teacher-check {input.teacher_check} --teacher-check-md {input.teacher_check_md} --warmstarts {input.warmstarts} "
         "--testbed {input.testbed} --testbed-md {input.testbed_md} --paired-md {input.paired_md} "

@@ -137,7 +137,8 @@ def method_class(config: dict[str, Any], name: str):
 
 
 def cold_start_key(config: dict[str, Any], domain: str, name: str) -> str | None:
-    """For methods that cold-start (``needs_cold_start``), the key of the cold start this run needs; else None."""
+    """For methods that cold-start (``needs_cold_start``), the key of the cold start this run needs; else None
+    (also where the method's config says this variant needs none: ``cold_start_key()`` returns None)."""
     cls = method_class(config, name)
     if not cls.needs_cold_start:
         return None

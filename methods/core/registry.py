@@ -51,8 +51,9 @@ class MethodConfig:
     #: :meth:`cold_start_key` share the cold start's file, so they must agree on these
     cold_start_fields: ClassVar[tuple[str, ...]] = ()
 
-    def cold_start_key(self) -> str:
-        """What the cold start depends on besides domain and seed (a path segment of its file)."""
+    def cold_start_key(self) -> str | None:
+        """What the cold start depends on besides domain and seed (a path segment of its file);
+        None where this configuration of a method with a cold start needs none."""
         raise NotImplementedError(f"{type(self).__name__} has no cold start")
 
     def __post_init__(self):

@@ -59,8 +59,6 @@ def _check_split(task: Task) -> None:
         )
 
 
-
-
 @dataclass(frozen=True)
 class Experience:
     task_id: str
@@ -160,23 +158,23 @@ class ExperienceBank:
         return self
 
     # --- retrieval -------------------------------------------------------------
-    def retrieve(self, tasks: Sequence[Task], n: int) -> list[list[Experience]]:
-        """Top-``n`` experiences per task by cosine similarity of the task (query) to task+trajectory (documents)."""
+    def retrieve(self, tasks: Sequence[Task], n: int, allow_self: bool | None = None) -> list[list[Experience]]:
+        """Top-``n`` experiences per task by cosine similarity of the task (query) to task+trajectory (documents).
+
+        ``allow_self`` overrides the bank's ``allow_self_retrieval`` for this call (LOPD's cold start
+        lets its training examples retrieve themselves but never its held-out ones)."""
         if not tasks:
             return []
         if len(self) == 0 or n <= 0:
             return [[] for _ in tasks]
+        self_ok = self.allow_self_retrieval if allow_self is None else allow_self
         queries = self.encoder.encode_query([t.prompt for t in tasks])
-        own = [0 if self.allow_self_retrieval else self._per_task.get(t.task_id, 0) for t in tasks]
+        own = [0 if self_ok else self._per_task.get(t.task_id, 0) for t in tasks]
         k = min(len(self), n + max(own))
         _, rows = self.index.search(queries, k)
         out = []
         for task, row in zip(tasks, rows):
-            hits = [
-                self.items[j]
-                for j in row
-                if j >= 0 and (self.allow_self_retrieval or self.items[j].task_id != task.task_id)
-            ]
+            hits = [self.items[j] for j in row if j >= 0 and (self_ok or self.items[j].task_id != task.task_id)]
             out.append(hits[:n])
         return out
 

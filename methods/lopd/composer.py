@@ -11,9 +11,14 @@ trainable parts, φ:
   output projection and a LayerNorm.
 
 For each retrieved trajectory m_j of a task x it encodes
-``"Task to solve: {x}\\n\\nReference past trajectory: {m_j}"`` with backbone +
-LoRA, takes the last hidden states and compresses them into K vectors of the
-backbone's embedding width; J items give the J·K latents ``c_φ``.
+``"Task to solve:\\n{x}\\n\\nReference past trajectory:\\n{m_j}"`` (the reference's ``task_prefix``) with backbone +
+LoRA, where m_j is the whole retrieved item, its own task text followed by its
+action -> result trace (:meth:`Experience.document`; the reference serialises
+the whole retrieved conversation, instruction included), takes the last hidden
+states and compresses them into K vectors of the backbone's embedding width;
+J items give the J·K latents ``c_φ``.  The latents are written at the scale of
+the backbone's token embeddings (``latent_rms``; the reference's are unit-scale,
+so the anchor divides by it: :func:`methods.lopd.margin.anchor_penalty`).
 
 The **teacher** is the same frozen copy with the LoRA switched off: its first
 user message holds a span of ``<|latent|>`` placeholder tokens (one per latent,
@@ -40,9 +45,12 @@ __all__ = ["QFormer", "LatentComposer", "item_text", "LORA_TARGETS"]
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def item_text(task_prompt: str, trace: str) -> str:
-    """What the composer reads for one retrieved trajectory (the paper's template)."""
-    return f"Task to solve: {task_prompt}\n\nReference past trajectory: {trace}"
+def item_text(task_prompt: str, item) -> str:
+    """What the composer reads for one retrieved item (an :class:`~methods.experience.bank.Experience`,
+    or its text): the reference's template, the query task first, then the whole retrieved
+    trajectory with its own task text (``Experience.document()``)."""
+    doc = item if isinstance(item, str) else item.document()
+    return f"Task to solve:\n{task_prompt.rstrip()}\n\nReference past trajectory:\n{doc}"
 
 
 class QFormer(nn.Module):
@@ -116,6 +124,7 @@ class LatentComposer(nn.Module):
         d = backbone.config.hidden_size
         emb = backbone.get_input_embeddings().weight
         rms = float(emb.detach().pow(2).mean().sqrt())
+        self.latent_rms = rms  # the latents' scale (the reference's are unit-scale)
         self.qformer = QFormer(d, d, n_latents, qformer_layers, qformer_heads, out_scale=rms)
         self.latent_id = encoder.tok.convert_tokens_to_ids(LATENT)
         if self.latent_id is None or self.latent_id == encoder.tok.unk_token_id:
@@ -178,7 +187,7 @@ class LatentComposer(nn.Module):
 
     def compose(self, task_prompts: Sequence[str], hits) -> tuple[list[torch.Tensor], torch.Tensor, list[list[int]]]:
         """Latents for tasks and their retrieved items: per task [len(hits)·K, d], all items [items, K, d], and the item ids."""
-        ids = self.encode_items([item_text(p, e.trace) for p, hs in zip(task_prompts, hits) for e in hs])
+        ids = self.encode_items([item_text(p, e) for p, hs in zip(task_prompts, hits) for e in hs])
         lat = self(ids)
         return list(torch.split(lat.flatten(0, 1), [len(h) * self.n_latents for h in hits])), lat, ids
 

@@ -38,6 +38,7 @@ __all__ = [
     "outcome_sign",
     "rollout_means",
     "privileged_margin",
+    "token_weighted_margin",
     "anchor_penalty",
     "composer_objective",
     "dual_update",
@@ -75,11 +76,37 @@ def privileged_margin(delta: torch.Tensor, counts: Sequence[int], rewards: torch
     return (outcome_sign(rewards.to(delta.dtype)) * rollout_means(delta, counts)).mean()
 
 
-def anchor_penalty(latents: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
-    """M4's anchor: mean((c_φ − sg[c_{φ0}])²), the mean of squares as in the reference code."""
+def token_weighted_margin(delta: torch.Tensor, counts: Sequence[int], rewards: torch.Tensor) -> torch.Tensor:
+    """Δ as the reference code's dual step reads it: Σ_i n_i · A_i · mean_t δ_{i,t} / Σ_i n_i, the
+    rollouts weighted by their token counts n_i (the gradient uses :func:`privileged_margin`, the
+    plain mean over rollouts; the two agree when every rollout has as many tokens)."""
+    if len(counts) != rewards.shape[0]:
+        raise ValueError(f"{len(counts)} rollouts of tokens but {rewards.shape[0]} rewards")
+    n = torch.as_tensor(list(counts), device=delta.device, dtype=delta.dtype)
+    if len(counts) == 0 or float(n.sum()) == 0:
+        return delta.new_zeros(())
+    per = outcome_sign(rewards.to(delta.dtype)) * rollout_means(delta, counts)
+    return (per * n).sum() / n.sum()
+
+
+def anchor_penalty(
+    latents: torch.Tensor, anchor: torch.Tensor, scale: float = 1.0, counts: Sequence[int] | None = None
+) -> torch.Tensor:
+    """M4's anchor: mean(((c_φ − sg[c_{φ0}]) / scale)²), the mean of squares as in the reference code.
+
+    ``latents`` and ``anchor`` are [items, K, d].  ``scale`` divides both, so that λ acts at the
+    reference's unit scale when the latents live at another one (the suite's composer writes
+    them at the backbone's embedding RMS).  Given ``counts`` (items per rollout), the mean is
+    taken per rollout and then over rollouts, as the reference averages its per-rollout loss;
+    without, over every element."""
     if latents.shape != anchor.shape:
         raise ValueError(f"latents {tuple(latents.shape)} and anchor {tuple(anchor.shape)} differ in shape")
-    return (latents - anchor.detach()).pow(2).mean()
+    if scale <= 0:
+        raise ValueError(f"the anchor's scale must be > 0, got {scale}")
+    sq = ((latents - anchor.detach()) / scale).pow(2)
+    if counts is None or sq.shape[0] == 0:
+        return sq.mean() if sq.numel() else sq.sum()
+    return rollout_means(sq.flatten(1).mean(-1), counts).mean()
 
 
 def composer_objective(

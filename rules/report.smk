@@ -207,3 +207,23 @@ rule report:
         "--teacher-check {input.teacher_check} --teacher-check-md {input.teacher_check_md} --warmstarts {input.warmstarts} "
         "--testbed {input.testbed} --testbed-md {input.testbed_md} --paired-md {input.paired_md} "
         "--compute-md {input.compute_md} --compute-figure {input.compute_png} --out {output} > {log} 2>&1"
+
+
+rule publish:
+    """The profile's report with its figures and main tables, kept in the repository (docs/results/<profile>/) and stamped with the commit and the configuration's digest (analysis/publish.py); for the headline profile also README's Results block."""
+    input:
+        report=f"{OUT}/report.md",
+        tables=[f"{OUT}/{t}" for t in ("table1.md", "table1.csv", "paired.md", "ablations.md", "ablations.csv", "lopd_diagnosis.md", "lopd_diagnosis.csv", "compute.md", "testbed.md")],
+    output:
+        report=f"docs/results/{PROFILE}/report.md",
+        stamp=f"docs/results/{PROFILE}/STAMP.json",
+    log:
+        f"{OUT}/logs/publish.log",
+    params:
+        readme="--readme README.md" if PROFILE == HEADLINE else "",
+    threads: 1
+    conda:
+        "../envs/suite.yaml"
+    shell:
+        "python -m analysis.publish --profile {PROFILE} --report {input.report} --tables {input.tables} "
+        "--dest docs/results/{PROFILE} {params.readme} > {log} 2>&1"

@@ -564,7 +564,7 @@ def test_the_text_control_hands_the_same_items_to_the_frozen_teacher_as_text(lop
     want = m.teacher.score(batch.rollouts, [render_experience(h) for h in hits], lopd_run.train_cfg.temperature)
     assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(batch.extras["teacher_logits"], want))
     out = m.after_step(batch)
-    assert "lopd_composer_loss" not in out and out["lopd_beta"] == 0.0
+    assert "lopd_composer_loss" not in out and out["lopd_beta"] is None
     fresh = _method(lopd_run, n_latents=4, teacher_context="text")
     fresh.load_state_dict(m.state_dict())
 
@@ -580,3 +580,30 @@ def test_the_last_step_logs_where_the_teacher_ends_against_the_student(lopd_run)
     gap = m.after_step(batch)["teacher_minus_student_expert"]
     tasks = [r.task for r in batch.rollouts]
     assert gap == pytest.approx(m.expert_gap(tasks, m.retrieve(tasks)), abs=1e-6)
+
+
+@pytest.mark.slow  # two cold starts (about 25 s on an idle core)
+def test_the_gains_after_s_steps_of_a_longer_cold_start_are_those_of_an_s_step_one(lopd_run, seeded_banks):
+    """What ``benchmarks/coldstart_length.py`` relies on: one long cold start measured at several
+    lengths gives each length's numbers.  Only the latents' gain moves with φ."""
+    from methods.experience import BankConfig, ExperienceBank
+    from methods.experience.encoder import TextEncoder
+    from methods.lopd.coldstart import cold_start
+    from methods.lopd.method import build_composer
+    from tasks.base import get_domain
+
+    bank = ExperienceBank(BankConfig(), TextEncoder()).load(seeded_banks["tooluse"])
+    domain = get_domain("tooluse", seed=0)
+
+    def run(steps, eval_at=()):
+        cfg = LOPDConfig(n_latents=4, cold_start_steps=steps, cold_start_lr=1e-2, cold_start_batch=8)
+        comp = build_composer(cfg, lopd_run.model, lopd_run.encoder, seed=0)
+        return cold_start(cfg, comp, bank, domain, seed=0, log=lambda _: None, eval_at=eval_at)
+
+    long, short = run(6, eval_at={3}), run(3)
+    assert [c["step"] for c in long["curve"]] == [3]
+    assert long["curve"][0]["latent_gain"] == pytest.approx(short["after"]["latent_gain"], abs=1e-6)
+    assert long["after"]["latent_gain"] != long["before"]["latent_gain"]
+    for k in ("text_gain", "solution_gain", "random_gain", "expert_text_gain", "expert_solution_gain"):
+        assert long["before"][k] == long["after"][k] == short["after"][k]  # none of these depends on φ
+    assert long["after"]["expert_solution_gain"] > 0  # the task's own solution helps the expert's actions

@@ -13,6 +13,8 @@ plus overrides), run under their own names and reported in
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from dataclasses import asdict
 from typing import Any
 
@@ -184,6 +186,30 @@ def bank_job(config: dict[str, Any], domain: str) -> dict[str, Any]:
     job = resolve_job(config, domain)
     job["bank"] = bank_settings(prof)
     return job
+
+
+def profile_digest(config: dict[str, Any], profile: str | None = None) -> str:
+    """A digest of everything in the configuration that a profile's results depend on: its seeds,
+    and the resolved settings of every job of its grid (warm starts, banks, Table 1's runs and the
+    ablations on their domains).  Published results carry it (``analysis/publish.py``), so that a
+    configuration change makes them visibly stale instead of passing for current ones."""
+    cfg = {**config, "profile": profile or config.get("profile", "small")}
+    prof = profile_section(cfg)
+    domains = profile_domains(cfg)
+    ablation_domains = list(cfg.get("ablation_domains") or domains)
+    grid: dict[str, Any] = {
+        "seeds": prof.get("seeds"),
+        "base_seed": prof.get("base_seed", 0),
+        "task_seed": cfg.get("task_seed", 0),
+    }
+    for d in domains:
+        runs = list(profile_methods(cfg))
+        if d in ablation_domains:
+            runs += list(cfg.get("ablations") or {})
+        grid[d] = {"warmstart": resolve_job(cfg, d), **{m: resolve_job(cfg, d, m) for m in runs}}
+        if any(uses_bank(cfg, m) for m in runs):
+            grid[d]["bank"] = bank_job(cfg, d)
+    return hashlib.sha256(json.dumps(grid, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def check_budget(train: dict[str, Any], group_size: int, where: str) -> None:

@@ -9,7 +9,7 @@ retrieved for that task.  As in the reference's configs
 its own success (``LOPDConfig.allow_self_retrieval``).  A share of the
 successes is held out before retrieval and never retrieves itself; on it the
 report measures what each context gives the teacher over no context, in
-nats/token, before and after (:func:`_gains`): the latents, the same items as
+nats/token, before and after (:class:`GainProbe`): the latents, the same items as
 text, the task's own solution as text, and random latents, on the held-out
 successes' own actions and on the expert's.
 
@@ -130,44 +130,67 @@ GAIN_CONTEXTS = ("latent", "text", "solution", "random")
 GAIN_TARGETS = {"": "the held-out successes' own actions", "expert_": "the scripted expert's actions"}
 
 
-@torch.no_grad()
-def _gains(composer, domain, examples, device, seed: int = 0) -> dict[str, float]:
+class GainProbe:
     """What each context gives the frozen teacher (LoRA off), in nats/token over no context, on the
     held-out examples' own actions (``latent_gain``, ``text_gain``, ``solution_gain``,
     ``random_gain``) and on the expert's actions of the same tasks (``expert_*``).  The contexts:
     the composed latents of the retrieved items, the same items as text (retrieval's format), the
     task's own reference solution as text (OPSD's context: the ceiling of a text teacher), and
-    random latents at the latents' scale (what the teacher does with latents that say nothing)."""
-    from methods.core.distill import expert_trace
-    from methods.retrieval_rl import render_experience
+    random latents at the latents' scale (what the teacher does with latents that say nothing).
 
-    keys = [f"{p}{c}_gain" for p in GAIN_TARGETS for c in GAIN_CONTEXTS]
-    if not examples:
-        return dict.fromkeys(keys, 0.0)
-    enc = composer.encoder
-    expert = [Example.of(enc, domain, ex.task, domain.expert_trajectory(ex.task).turns, ex.hits) for ex in examples]
-    out: dict[str, float] = {}
-    for prefix, exs in (("", examples), ("expert_", expert)):
-        with composer.model.disable_adapter():
-            base = composer.backbone
-            none = mean_agent_logprob(base, enc, domain, [(ex.task, None, ex.turns) for ex in exs])
-            text = mean_agent_logprob(
-                base, enc, domain, [(ex.task, render_experience(ex.hits), ex.turns) for ex in exs]
-            )
-            sol = mean_agent_logprob(
-                base, enc, domain, [(ex.task, expert_trace(domain, ex.task), ex.turns) for ex in exs]
-            )
-        lat = mean_latent_logprob(composer, domain, exs, device)
-        rnd = mean_latent_logprob(composer, domain, exs, device, random_seed=seed)
-        out[f"{prefix}logprob_no_context"] = none
-        out[f"{prefix}logprob_latents"] = lat
-        for c, v in zip(GAIN_CONTEXTS, (lat, text, sol, rnd)):
-            out[f"{prefix}{c}_gain"] = v - none
-    return out
+    Only the composed latents depend on φ: the other log-likelihoods are measured once, at
+    construction, and each call measures the latents' with the composer as it is then."""
+
+    @torch.no_grad()
+    def __init__(self, composer, domain, examples, device, seed: int = 0):
+        from methods.core.distill import expert_trace
+        from methods.retrieval_rl import render_experience
+
+        self.composer, self.domain, self.device = composer, domain, device
+        enc = composer.encoder
+        expert = [Example.of(enc, domain, ex.task, domain.expert_trajectory(ex.task).turns, ex.hits) for ex in examples]
+        self.targets = {"": examples, "expert_": expert}
+        self.fixed: dict[str, float] = {}
+        if not examples:
+            return
+        for prefix, exs in self.targets.items():
+            with composer.model.disable_adapter():
+                base = composer.backbone
+
+                for name, ctx in (
+                    ("none", lambda ex: None),
+                    ("text", lambda ex: render_experience(ex.hits)),
+                    ("solution", lambda ex: expert_trace(domain, ex.task)),
+                ):
+                    items = [(ex.task, ctx(ex), ex.turns) for ex in exs]
+                    self.fixed[f"{prefix}{name}"] = mean_agent_logprob(base, enc, domain, items)
+            self.fixed[f"{prefix}random"] = mean_latent_logprob(composer, domain, exs, device, random_seed=seed)
+
+    @torch.no_grad()
+    def __call__(self) -> dict[str, float]:
+        keys = [f"{p}{c}_gain" for p in GAIN_TARGETS for c in GAIN_CONTEXTS]
+        if not self.fixed:
+            return dict.fromkeys(keys, 0.0)
+        out: dict[str, float] = {}
+        for prefix, exs in self.targets.items():
+            none = self.fixed[f"{prefix}none"]
+            lat = mean_latent_logprob(self.composer, self.domain, exs, self.device)
+            out[f"{prefix}logprob_no_context"] = none
+            out[f"{prefix}logprob_latents"] = lat
+            out[f"{prefix}latent_gain"] = lat - none
+            for c in GAIN_CONTEXTS[1:]:
+                out[f"{prefix}{c}_gain"] = self.fixed[f"{prefix}{c}"] - none
+        return out
 
 
-def cold_start(cfg: LOPDConfig, composer: LatentComposer, bank, domain, seed: int, device="cpu", log=None) -> dict:
-    """Train φ in place on the bank's successes; returns the report (sizes, losses, gains before and after)."""
+def cold_start(
+    cfg: LOPDConfig, composer: LatentComposer, bank, domain, seed: int, device="cpu", log=None, eval_at=()
+) -> dict:
+    """Train φ in place on the bank's successes; returns the report (sizes, losses, gains before and after).
+
+    ``eval_at``: steps after which the held-out gains are measured too (``report["curve"]``).  The
+    learning rate does not depend on the number of steps, so the gains after s steps of a longer
+    cold start are those of a cold start of s steps (``benchmarks/coldstart_length.py``)."""
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     train, held = examples_from_bank(bank, domain, composer.encoder, cfg, seed)
     rng = random.Random(f"coldstart/{seed}/order")
@@ -182,7 +205,8 @@ def cold_start(cfg: LOPDConfig, composer: LatentComposer, bank, domain, seed: in
         / max(len(train), 1),
         "steps": 0,
     }
-    report["before"] = _gains(composer, domain, held, device, seed)
+    gains = GainProbe(composer, domain, held, device, seed)
+    report["before"] = gains()
     probe = train[:64]  # a fixed subset of the training successes: did the cold start fit them?
     report["train_logprob_before"] = mean_latent_logprob(composer, domain, probe, device) if probe else 0.0
     if not train or cfg.cold_start_steps == 0:
@@ -213,6 +237,10 @@ def cold_start(cfg: LOPDConfig, composer: LatentComposer, bank, domain, seed: in
         opt.step()
         sched.step()
         losses.append(float(loss.detach()))
+        if step + 1 in eval_at:
+            was = time.perf_counter()
+            report.setdefault("curve", []).append({"step": step + 1, **gains()})
+            t0 += time.perf_counter() - was  # train_s counts training only
         if (step + 1) % 50 == 0 or step + 1 == cfg.cold_start_steps:
             log(
                 f"[coldstart] step {step + 1}/{cfg.cold_start_steps} nll {sum(losses[-50:]) / len(losses[-50:]):.4f} ({time.perf_counter() - t0:.0f}s)"
@@ -225,6 +253,6 @@ def cold_start(cfg: LOPDConfig, composer: LatentComposer, bank, domain, seed: in
             "train_s": round(time.perf_counter() - t0, 2),
         }
     )
-    report["after"] = _gains(composer, domain, held, device, seed)
+    report["after"] = gains()
     report["train_logprob_after"] = mean_latent_logprob(composer, domain, probe, device)
     return report

@@ -358,12 +358,10 @@ class LOPD(Method):
         teacher: list[torch.Tensor | None] = [None] * len(rs)
         self._pending = None
         if rows:
-            t0 = time.perf_counter()
             if cfg.latent:
                 scored, pending, gains = self._latent_scores(batch, rows, hits)
             else:
                 scored, pending, gains = self._text_scores(batch, rows, hits)
-            out["teacher_s"] = round(time.perf_counter() - t0, 4)
             out.update(gains)
             for i, s in zip(rows, scored):
                 teacher[i] = s
@@ -388,9 +386,10 @@ class LOPD(Method):
         lat, all_lat, anchor = self.compose([rs[i].task for i in rows], [hits[i] for i in rows])
         t_comp = time.perf_counter() - t0
         teacher_before = self.run.ledger.teacher_tokens
+        t0 = time.perf_counter()
         with torch.set_grad_enabled(self.cfg.train_composer):
             scored = self.teacher_forward([rs[i] for i in rows], lat)
-        gains = {"composer_s": round(t_comp, 4)}
+        gains = {"composer_s": round(t_comp, 4), "teacher_s": round(time.perf_counter() - t0, 4)}
         if not self._gain_logged:
             self._gain_logged = True
             gains.update(self.gain_record([rs[i] for i in rows], [x.detach() for x in lat]))
@@ -417,11 +416,12 @@ class LOPD(Method):
 
         rs = [batch.rollouts[i] for i in rows]
         contexts = [render_experience(hits[i]) for i in rows]
+        t0 = time.perf_counter()
         scored = self.teacher.score(rs, contexts, self.run.train_cfg.temperature)
-        gains = {}
+        gains = {"teacher_s": round(time.perf_counter() - t0, 4)}
         if not self._gain_logged:
             self._gain_logged = True
-            gains = gain_record(self.teacher, rs, contexts)
+            gains.update(gain_record(self.teacher, rs, contexts))
             gains["teacher_context_gain"] = checked_gain(self.name, gains["teacher_context_gain"])
             # at the first step the student is the warm start, the frozen teacher's own weights
             gains["teacher_minus_student_expert"] = gains["teacher_context_gain"]
@@ -576,7 +576,7 @@ class LOPD(Method):
 
     def after_step(self, batch: RolloutBatch) -> dict[str, float]:
         cfg, p = self.cfg, self._pending
-        out = {"lopd_beta": self.beta}
+        out = {"lopd_beta": self.beta if cfg.latent else None}  # the text control has no margin step
         if p is not None and "margin" in p and cfg.train_composer:
             t0 = time.perf_counter()
             loss = composer_objective(p["kl"], p["margin"], self.beta, cfg.margin, p["anchor_pen"], cfg.anchor_weight)

@@ -150,6 +150,35 @@ def diagnose(summaries: list[str]) -> pd.DataFrame:
     )
 
 
+GAP_KEYS = ("heldout_reward", "coldstart_latent_gain", "teacher_context_gain")
+
+
+def latent_text_gaps(d: pd.DataFrame, method: str = "lopd", control: str = "lopd_text") -> list[tuple[str, dict]]:
+    """Per profile that ran both: LOPD minus its text control on the held-out reward, and the
+    latents' gain minus the text's (the cold start's, on held-out successes; the first step's,
+    on expert actions).  What the scale probe compares across base sizes."""
+    out = []
+    for profile in d["profile"].unique():
+        sub = d[d["profile"] == profile]
+        m = dict(zip(sub[sub.method == method].quantity, sub[sub.method == method]["mean"]))
+        c = dict(zip(sub[sub.method == control].quantity, sub[sub.method == control]["mean"]))
+        if not m or not c:
+            continue
+        g = {
+            "heldout_reward": m["heldout_reward"] - c["heldout_reward"]
+            if "heldout_reward" in m and "heldout_reward" in c
+            else None,
+            "coldstart_latent_gain": m["coldstart_latent_gain"] - m["coldstart_text_gain"]
+            if "coldstart_latent_gain" in m and "coldstart_text_gain" in m
+            else None,
+            "teacher_context_gain": m["teacher_context_gain"] - c["teacher_context_gain"]
+            if "teacher_context_gain" in m and "teacher_context_gain" in c
+            else None,
+        }
+        out.append((profile, g))
+    return out
+
+
 def _order(methods) -> list[str]:
     """LOPD first, its text control next, then the other variants by name."""
     rank = {"lopd": 0, "lopd_text": 1}
@@ -236,6 +265,17 @@ def to_markdown(df: pd.DataFrame) -> str:
                     cells.append(f"{r['mean']:+.3f}{ci}")
             if any(cells):
                 lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        gaps = latent_text_gaps(d)
+        if gaps:
+            lines += ["", "LOPD against its text control (latents − text), per profile:", ""]
+            lines += [
+                "| profile | held-out reward | cold-start gain, held-out successes | step-1 gain, expert actions |"
+            ]
+            lines += ["|---|---|---|---|"]
+            lines += [
+                f"| {p} | " + " | ".join(f"{g[k]:+.3f}" if g[k] is not None else "" for k in GAP_KEYS) + " |"
+                for p, g in gaps
+            ]
         para = paragraph(df, domain)
         if para:
             lines += ["", para]

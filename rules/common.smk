@@ -6,7 +6,7 @@ import sys
 
 sys.path.insert(0, workflow.basedir)
 from methods.core.shipped import matches as shipped_matches, shipped_dir
-from methods.core.config import bank_job, cold_start_key, cold_start_runs, profile_domains, profile_methods, profile_section, resolve_job, stage1_job, uses_bank, validate as validate_grid
+from methods.core.config import bank_job, cold_start_key, cold_start_runs, profile_ablation_domains, profile_ablations, profile_domains, profile_methods, profile_section, resolve_job, stage1_job, uses_bank, validate as validate_grid
 
 validate_grid(config)  # every job's settings, before any job starts
 
@@ -15,8 +15,8 @@ SEEDS = profile_section(config)["seeds"]  # RL seeds
 BASE_SEED = profile_section(config).get("base_seed", 0)  # the seed of the one base policy per domain
 DOMAINS = profile_domains(config)  # the profile's selection, else every configured domain
 METHODS = profile_methods(config)  # Table 1's methods: the profile's selection, else every configured one
-ABLATIONS = list(config.get("ablations") or {})
-ABLATION_DOMAINS = list(config.get("ablation_domains") or DOMAINS)
+ABLATIONS = profile_ablations(config)  # the profile's selection, else every configured variant
+ABLATION_DOMAINS = profile_ablation_domains(config)  # ablation_domains among the profile's domains
 OUT = f"results/{PROFILE}"  # every output of this profile
 BACKEND = profile_section(config).get("backend", "suite")  # who trains the runs: the suite's loop, or verl (rules/verl.smk)
 BACKEND_OPTIONS = profile_section(config).get("backend_options") or {}

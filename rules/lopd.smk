@@ -74,3 +74,23 @@ rule lopd_diagnosis:
         "../envs/suite.yaml"
     shell:
         "python -m analysis.lopd_diagnosis --runs {input.runs} --out-csv {output.csv} --out-md {output.md} > {log} 2>&1"
+
+
+if profile_section(config).get("compare_profile"):
+    COMPARE = profile_section(config)["compare_profile"]
+
+    rule scale_probe:
+        """LOPD and its variants of this profile beside the same runs of compare_profile (the scale probe: the latent-against-text gap at both sizes); that profile's runs must exist (run it first)."""
+        input:
+            runs=rules.lopd_diagnosis.input.runs,
+            other=expand(f"results/{COMPARE}/runs/{{domain}}/{{method}}/seed{{seed}}/summary.json", domain=ABLATION_DOMAINS, method=["lopd"] + ABLATIONS, seed=SEEDS),
+        output:
+            csv=f"{OUT}/scale_probe.csv",
+            md=report(f"{OUT}/scale_probe.md", category="Diagnostics", subcategory="Scale probe"),
+        log:
+            f"{OUT}/logs/scale_probe.log",
+        threads: 1
+        conda:
+            "../envs/suite.yaml"
+        shell:
+            "python -m analysis.lopd_diagnosis --runs {input.other} {input.runs} --out-csv {output.csv} --out-md {output.md} > {log} 2>&1"

@@ -49,6 +49,18 @@ def profile_methods(config: dict[str, Any]) -> list[str]:
     return list(profile_section(config).get("methods") or config.get("methods", {}))
 
 
+def profile_ablations(config: dict[str, Any]) -> list[str]:
+    """The ablation variants this profile runs: its own ``ablations`` selection, else every configured one."""
+    sel = profile_section(config).get("ablations")
+    return list(sel) if sel is not None else list(config.get("ablations") or {})
+
+
+def profile_ablation_domains(config: dict[str, Any]) -> list[str]:
+    """The domains the ablations run on: ``ablation_domains`` (default: every domain) among this profile's."""
+    domains = profile_domains(config)
+    return [d for d in (config.get("ablation_domains") or domains) if d in domains]
+
+
 def _without_onpolicy(warmstart: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in warmstart.items() if not k.startswith("onpolicy_")}
 
@@ -196,7 +208,7 @@ def profile_digest(config: dict[str, Any], profile: str | None = None) -> str:
     cfg = {**config, "profile": profile or config.get("profile", "small")}
     prof = profile_section(cfg)
     domains = profile_domains(cfg)
-    ablation_domains = list(cfg.get("ablation_domains") or domains)
+    ablation_domains = profile_ablation_domains(cfg)
     grid: dict[str, Any] = {
         "seeds": prof.get("seeds"),
         "base_seed": prof.get("base_seed", 0),
@@ -205,7 +217,7 @@ def profile_digest(config: dict[str, Any], profile: str | None = None) -> str:
     for d in domains:
         runs = list(profile_methods(cfg))
         if d in ablation_domains:
-            runs += list(cfg.get("ablations") or {})
+            runs += profile_ablations(cfg)
         grid[d] = {"warmstart": resolve_job(cfg, d), **{m: resolve_job(cfg, d, m) for m in runs}}
         if any(uses_bank(cfg, m) for m in runs):
             grid[d]["bank"] = bank_job(cfg, d)
@@ -239,7 +251,11 @@ def validate(config: dict[str, Any]) -> None:
             f"profiles.{config.get('profile')}.seeds must be a non-empty list of non-negative integers, got {seeds}"
         )
     prof_name = config.get("profile")
-    for key, known in (("domains", config.get("domains", [])), ("methods", list(config.get("methods", {})))):
+    for key, known in (
+        ("domains", config.get("domains", [])),
+        ("methods", list(config.get("methods", {}))),
+        ("ablations", list(config.get("ablations") or {})),
+    ):
         extra = [x for x in prof.get(key) or [] if x not in known]
         if extra:
             raise ValueError(f"profiles.{prof_name}.{key}: {extra} are not among the configured {key} {known}")

@@ -115,6 +115,22 @@ def to_markdown(df: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+def coverage_lines(probes: list[dict]) -> str:
+    """Beside the checks: how many held-out tasks the bank can serve with their own group's
+    experience at all (test-only variants cannot be covered by design), and the same-group share
+    among those it covers."""
+    rows = [p for p in probes if p.get("bank_group_coverage") is not None]
+    if not rows:
+        return ""
+    lines = ["", "| domain | bank's coverage of held-out groups | same-group share where covered |", "|---|---|---|"]
+    for p in sorted(rows, key=lambda p: p["domain"]):
+        seen = p.get("retrieval_same_group_seen")
+        lines.append(
+            f"| {domain_name(p['domain'])} | {p['bank_group_coverage']:.3f} | {'' if seen is None else f'{seen:.3f}'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(
         prog="python -m analysis.testbed", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -132,7 +148,7 @@ def main(argv=None) -> None:
     if not rows and not probes:
         p.error("nothing to check: give --probes, --vanilla or --runs")
     df = checks(probes, rows)
-    write_table(df, to_markdown(df), a.out_csv, a.out_md)
+    write_table(df, to_markdown(df) + coverage_lines(probes), a.out_csv, a.out_md)
 
 
 if __name__ == "__main__":

@@ -90,6 +90,7 @@ def retrieved_evaluation(
         "retrieved_per_task": sum(len(h) for h in hits) / max(len(hits), 1),
         "retrieval_same_group": same_group_share(tasks, hits),
         "retrieval_same_group_seen": _seen_share(tasks, hits, bank),
+        "bank_group_coverage": _group_coverage(tasks, bank),
     }
 
 
@@ -143,6 +144,7 @@ def probe(
                 "retrieval_gain_se": gain_se,
                 "retrieval_same_group": retrieved["retrieval_same_group"],
                 "retrieval_same_group_seen": retrieved["retrieval_same_group_seen"],
+                "bank_group_coverage": retrieved.get("bank_group_coverage"),
             }
         )
     out["probe_s"] = round(time.perf_counter() - t0, 2)
@@ -156,3 +158,10 @@ def _seen_share(tasks: Sequence[Task], hits, bank: ExperienceBank) -> float | No
     groups = {e.group_id for e in bank.items}
     sel = [(t, h) for t, h in zip(tasks, hits) if t.group_id in groups]
     return same_group_share([t for t, _ in sel], [h for _, h in sel]) if sel else None
+
+
+def _group_coverage(tasks: Sequence[Task], bank: ExperienceBank) -> float:
+    """Share of ``tasks`` whose group (environment variant / project) has any experience in the
+    bank: the ceiling of the same-group share, since a test-only variant cannot be covered."""
+    groups = {e.group_id for e in bank.items}
+    return sum(t.group_id in groups for t in tasks) / max(len(tasks), 1)

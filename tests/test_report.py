@@ -305,6 +305,8 @@ def test_report_numbers_come_from_its_inputs(tmp_path):
         ablations_md=None,
         behaviour_md=None,
         dynamics=None,
+        diagnosis=None,
+        diagnosis_md=None,
         figure=None,
         dynamics_figure=None,
         teacher_check=None,

@@ -302,6 +302,8 @@ class LOPD(Method):
             per_task, lat, ids = self.composer.compose([t.prompt for t in tasks], hits)
         self._composer_tokens = sum(len(x) for x in ids)
         self.run.ledger.add_passes(composer_fwd_tokens=self._composer_tokens)
+        if not self.cfg.train_composer:  # φ stays φ0: the latents are their own anchor
+            return per_task, lat, lat.detach()
         missing = [i for i, k in enumerate(keys) if k not in self._anchor]
         if missing:
             self.run.ledger.add_passes(composer_fwd_tokens=sum(len(ids[i]) for i in missing))
@@ -546,7 +548,7 @@ class LOPD(Method):
             "lopd_success_delta": mean_delta(lambda r: r >= cfg.success_threshold),
             "lopd_failed_delta": mean_delta(lambda r: r < cfg.success_threshold),
         }
-        if not cfg.latent:
+        if not (cfg.latent and cfg.train_composer):  # the composer's terms only where it takes a step
             return out
         sig = [k for k, i in enumerate(rows) if bool(batch.extras["teacher_signal"][i])]
         if sig:

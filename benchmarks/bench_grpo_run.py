@@ -45,7 +45,7 @@ def resolve(domain: str, method: str, profile: str = "small", overrides=(), trai
                 f"--set {item}: expected train.<field>=<value> or method_config.<field>=<value> with an existing field"
             )
         job[section][field] = _parse_value(value)
-    _validate(job, method)
+    _validate(job, job["method"])  # a variant (an ablation's run name) validates as the method it varies
     return job
 
 

@@ -40,6 +40,7 @@ def run_steps(method: str, domain: str, seed: int, steps: int, profile: str, ext
         "rollout_budget": per_step * steps,
         "eval_every": per_step * (steps + 1),
         "eval_episodes": 8,
+        "curve_eval_episodes": None,
         "checkpoint_every": 10**6,
     }
     job = resolve(domain, method, profile, train=train)
@@ -81,7 +82,8 @@ def main(argv=None) -> None:
     composer = a.composer or (
         base / "coldstart" / a.domain / cold_start_key(config, a.domain, "lopd") / f"seed{a.seed}" / "composer.pt"
     )
-    for f in (bank, composer):
+    needs = [bank] + ([composer] if any(cold_start_key(config, a.domain, v) for v in a.variants) else [])
+    for f in needs:
         if not f.exists():
             p.error(f"{f} is missing: run the pipeline's bank and coldstart rules first (snakemake --cores all {f})")
     grpo = run_steps("grpo", a.domain, a.seed, a.steps, a.profile, [])

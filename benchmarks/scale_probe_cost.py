@@ -37,7 +37,7 @@ def measure(profile: str, domain: str, steps: int, demos: int, episodes: int, th
     job["warmstart"].update(
         {"steps": steps, "n_demos": demos, "warmup_steps": min(job["warmstart"]["warmup_steps"], steps)}
     )
-    job["train"]["eval_episodes"] = episodes
+    job["train"].update({"eval_episodes": episodes, "curve_eval_episodes": None})
     with tempfile.TemporaryDirectory() as out:
         cli(["warmstart", "--job", json.dumps(job), "--seed", "0", "--out", out, "--threads", str(threads)])
         rep = json.loads((Path(out) / "eval.json").read_text())

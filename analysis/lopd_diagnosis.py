@@ -40,7 +40,7 @@ import pandas as pd
 from methods.core.provenance import write_text_atomic
 
 from .names import domain_name
-from .stats import bootstrap_ci
+from .stats import ci_table
 
 #: (quantity, label) in the order the tables show them
 QUANTITIES = [
@@ -130,24 +130,7 @@ def diagnose(summaries: list[str]) -> pd.DataFrame:
         for key, _ in QUANTITIES:
             if q.get(key) is not None:
                 per[(q["profile"], q["domain"], q["method"], key)].append(float(q[key]))
-    rows = []
-    for (profile, domain, method, key), vals in sorted(per.items()):
-        mean, lo, hi = bootstrap_ci(vals)
-        rows.append(
-            {
-                "profile": profile,
-                "domain": domain,
-                "method": method,
-                "quantity": key,
-                "mean": mean,
-                "ci_low": lo,
-                "ci_high": hi,
-                "n_seeds": len(vals),
-            }
-        )
-    return pd.DataFrame(
-        rows, columns=["profile", "domain", "method", "quantity", "mean", "ci_low", "ci_high", "n_seeds"]
-    )
+    return ci_table(per, ["profile", "domain", "method", "quantity"])
 
 
 GAP_KEYS = ("heldout_reward", "coldstart_latent_gain", "teacher_context_gain")

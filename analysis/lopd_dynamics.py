@@ -23,7 +23,7 @@ import pandas as pd
 
 from methods.core.provenance import write_text_atomic
 
-from .stats import bootstrap_ci
+from .stats import ci_table
 
 QUANTITIES = {
     "lopd_beta": "β (dual variable)",
@@ -49,24 +49,7 @@ def load(paths: list[str]) -> pd.DataFrame:
             for q in QUANTITIES:
                 if r.get(q) is not None:
                     pts[(domain, method, r["rollouts"], q)].append(float(r[q]))
-    rows = []
-    for (domain, method, rollouts, q), vals in sorted(pts.items()):
-        mean, lo, hi = bootstrap_ci(vals)
-        rows.append(
-            {
-                "domain": domain,
-                "method": method,
-                "rollouts": rollouts,
-                "metric": q,
-                "mean": mean,
-                "ci_low": lo,
-                "ci_high": hi,
-                "n_seeds": len(vals),
-            }
-        )
-    return pd.DataFrame(
-        rows, columns=["domain", "method", "rollouts", "metric", "mean", "ci_low", "ci_high", "n_seeds"]
-    )
+    return ci_table(pts, ["domain", "method", "rollouts", "metric"])
 
 
 def plot(df: pd.DataFrame, out: Path) -> None:

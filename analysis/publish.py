@@ -119,7 +119,9 @@ def main(argv=None) -> None:
     for t in a.tables:
         shutil.copyfile(t, a.dest / t.name)
     write_json_atomic(a.dest / "STAMP.json", st)
-    if a.readme:
+    if a.readme and markers(a.profile)[0] not in (a.readme.read_text() if a.readme.exists() else ""):
+        print(f"note: {a.readme} has no results block for {a.profile}; left as it is")
+    elif a.readme:
         table1 = a.dest / "table1.md"
         if not table1.exists():
             p.error("--readme needs table1.md among --tables")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 
 def bootstrap_ci(values, n_boot: int = 10000, level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
@@ -53,3 +54,13 @@ def poi_ci(pairs: list[tuple], n_boot: int = 5000, level: float = 0.95, seed: in
         )
     alpha = (1 - level) / 2
     return point, float(np.quantile(reps, alpha)), float(np.quantile(reps, 1 - alpha))
+
+
+def ci_table(groups: dict[tuple, list[float]], names: list[str]) -> pd.DataFrame:
+    """One row per key of ``groups`` (a tuple named by ``names``), sorted, with the mean of its
+    values (one per seed), the 95 % bootstrap CI and the count: the long format of the analyses."""
+    rows = []
+    for key, vals in sorted(groups.items()):
+        mean, lo, hi = bootstrap_ci(vals)
+        rows.append({**dict(zip(names, key)), "mean": mean, "ci_low": lo, "ci_high": hi, "n_seeds": len(vals)})
+    return pd.DataFrame(rows, columns=[*names, "mean", "ci_low", "ci_high", "n_seeds"])

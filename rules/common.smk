@@ -1,5 +1,6 @@
 # Shared definitions: the validated grid and the paths that encode an experiment.
 import functools
+import os
 import json
 import shlex
 import sys

@@ -220,10 +220,12 @@ rule publish:
     log:
         f"{OUT}/logs/publish.log",
     params:
+        profile=PROFILE,
+        dest=lambda w, output: os.path.dirname(output.stamp),
         readme="--readme README.md" if PROFILE == HEADLINE else "",
     threads: 1
     conda:
         "../envs/suite.yaml"
     shell:
-        "python -m analysis.publish --profile {PROFILE} --report {input.report} --tables {input.tables} "
-        "--dest docs/results/{PROFILE} {params.readme} > {log} 2>&1"
+        "python -m analysis.publish --profile {params.profile} --report {input.report} --tables {input.tables} "
+        "--dest {params.dest} {params.readme} > {log} 2>&1"

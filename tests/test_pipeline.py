@@ -13,6 +13,9 @@ import pandas as pd
 import pytest
 import yaml
 
+from analysis.publish import stale_reason
+from methods.core.config import cold_start_key
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -40,8 +43,10 @@ def test_smoke_pipeline_writes_table1(tmp_path):
     assert lint.returncode == 0, lint.stdout + lint.stderr
     # every output of the profile lies under results/smoke/; results/table1.* and results/report.md
     # show the headline profile (here smoke, for the test; small by default)
-    targets = ("results/table1.csv", "results/report.md", "--config", "profile=smoke", "headline_profile=smoke")
-    res = _snakemake(tmp_path, *targets)
+    smoke_cfg = ("--config", "profile=smoke", "headline_profile=smoke")
+    targets = ("results/table1.csv", "results/report.md", *smoke_cfg)
+    # the publish rule too: the report kept in the repository, stamped with the configuration's digest
+    res = _snakemake(tmp_path, *targets[:2], "docs/results/smoke/report.md", *smoke_cfg)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
     res_dir = tmp_path / "results" / "smoke"
     df = pd.read_csv(res_dir / "table1.csv")
@@ -77,7 +82,13 @@ def test_smoke_pipeline_writes_table1(tmp_path):
         p.parent.parent.name
         for p in (tmp_path / "results" / "smoke" / "coldstart" / "tooluse").glob("*/seed0/composer.pt")
     }
-    assert cold == {"K32_J3", "K8_J3", "K16_J3", "K32_J1"}
+    keys = {cold_start_key({**cfg, "profile": "smoke"}, "tooluse", m) for m in ["lopd", *cfg["ablations"]]}
+    assert cold == keys - {None} and len(cold) == 5  # K32/J3 (shared), K8, K16, J1, no self-retrieval
+    published = tmp_path / "docs" / "results" / "smoke"
+    stamp = json.loads((published / "STAMP.json").read_text())
+    assert stale_reason(stamp, {**cfg, "profile": "smoke"}) is None
+    assert "](figures/sample_efficiency.png)" in (published / "report.md").read_text()
+    assert (published / "figures" / "sample_efficiency.png").exists() and (published / "lopd_diagnosis.md").exists()
     dyn = pd.read_csv(res_dir / "lopd_dynamics.csv")
     # (the smoke warm start solves nothing, so its banks stay empty and only β is ever logged as a number)
     assert "lopd_beta" in set(dyn.metric) and (res_dir / "lopd_dynamics.png").exists()

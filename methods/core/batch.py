@@ -30,7 +30,7 @@ class RolloutBatch:
     * ``pg_signal`` [N] bool: the rollout's group has reward variance (every rollout when
       ``drop_zero_variance`` is off): the policy gradient has something to learn from it;
     * ``teacher_logits`` [N] (a tensor or None per rollout): the teacher's logits at its agent tokens;
-    * ``teacher_signal`` [N] bool: the rollout has a teacher context (LOPD: and it succeeded,
+    * ``teacher_signal`` [N] bool: the rollout has a teacher context (LOPD: and it succeeded, only
       with ``distill_only_successes``): distillation has something to learn from it;
     * ``teacher_logp``, ``has_skill``: Skill-SD's sampled-token teacher log-probs and whether
       the task had a skill.

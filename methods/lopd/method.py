@@ -443,7 +443,6 @@ class LOPD(Method):
         warm start, so the gain is also the teacher's lead over the student on expert actions
         (``teacher_minus_student_expert``, logged again at the last step).  Reuses this step's
         latents, so it draws no random numbers and changes nothing the run trains on."""
-        domain, enc = self.run.domain, self.run.encoder
         firsts = {}
         for r, lat in zip(rollouts, latents):
             firsts.setdefault(r.task.task_id, (r.task, lat))
@@ -457,7 +456,6 @@ class LOPD(Method):
         ]
         if failed:
             out.update({"teacher_failed_shift": self._latent_shift(failed), "teacher_failed_attempts": len(failed)})
-        del enc, domain
         return out
 
     def _expert_item(self, task, lat):

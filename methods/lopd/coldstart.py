@@ -28,11 +28,10 @@ from collections.abc import Sequence
 import torch
 
 from methods.core.batch import pad_examples
-from methods.core.rollout import initial_prompt_ids, trajectory_ids
 from methods.core.warmstart import mean_agent_logprob
 from tasks.base import Turn
 
-from .composer import LatentComposer
+from .composer import LatentComposer, action_tail
 from .method import LOPDConfig, fill
 
 __all__ = ["cold_start", "Example"]
@@ -49,9 +48,7 @@ class Example:
     @classmethod
     def of(cls, encoder, domain, task, turns, hits) -> Example:
         """``turns`` of ``task`` laid out as the teacher reads them (the tokens after the first prompt)."""
-        ids, mask = trajectory_ids(encoder, domain, task, None, turns)
-        start = len(initial_prompt_ids(encoder, domain, task, None))
-        return cls(task, ids[start:], mask[start:], turns, hits)
+        return cls(task, *action_tail(encoder, domain, task, turns), turns, hits)
 
 
 def examples_from_bank(bank, domain, encoder, cfg: LOPDConfig, seed: int) -> tuple[list[Example], list[Example]]:

@@ -37,12 +37,20 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from methods.core.rollout import initial_prompt_ids
+from methods.core.rollout import initial_prompt_ids, trajectory_ids
 from methods.core.tokenizer import LATENT
 
-__all__ = ["QFormer", "LatentComposer", "item_text", "LORA_TARGETS"]
+__all__ = ["QFormer", "LatentComposer", "action_tail", "item_text", "LORA_TARGETS"]
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def action_tail(encoder, domain, task, turns) -> tuple[list[int], list[int]]:
+    """``turns`` of ``task`` as the teacher reads them after its first prompt: (token ids, agent
+    mask), the tail :meth:`LatentComposer.teacher_sequence` puts behind the latent span."""
+    ids, mask = trajectory_ids(encoder, domain, task, None, turns)
+    start = len(initial_prompt_ids(encoder, domain, task, None))
+    return ids[start:], mask[start:]
 
 
 def item_text(task_prompt: str, item) -> str:

@@ -460,12 +460,10 @@ class LOPD(Method):
 
     def _expert_item(self, task, lat):
         """(task, latents, the expert's tokens after the first prompt, their agent mask)."""
-        from methods.core.rollout import initial_prompt_ids, trajectory_ids
+        from .composer import action_tail
 
-        domain, enc = self.run.domain, self.run.encoder
-        ids, mask = trajectory_ids(enc, domain, task, None, domain.expert_trajectory(task).turns)
-        start = len(initial_prompt_ids(enc, domain, task, None))
-        return task, lat, ids[start:], mask[start:]
+        domain = self.run.domain
+        return task, lat, *action_tail(self.run.encoder, domain, task, domain.expert_trajectory(task).turns)
 
     @no_grad
     def expert_gap(self, tasks, hits) -> float:

@@ -723,7 +723,6 @@ def cmd_verl_config(args) -> None:
         data_dir=args.data,
         run_dir=args.run,
         n_gpus_per_node=args.gpus,
-        nnodes=args.nodes,
         bank_path=args.bank,
     )
     validate(cfg)
@@ -915,8 +914,7 @@ def main(argv=None) -> None:
     vc.add_argument("--model", required=True, help="the policy's save_pretrained directory")
     vc.add_argument("--data", required=True, help="export-verl's directory (train.parquet, test.parquet)")
     vc.add_argument("--run", required=True, help="the verl run's directory (log, validation dumps, checkpoints)")
-    vc.add_argument("--gpus", type=int, default=1, help="GPUs per node")
-    vc.add_argument("--nodes", type=int, default=1, help="nodes")
+    vc.add_argument("--gpus", type=int, default=1, help="GPUs of the run's one node")
     vc.add_argument("--bank", default=None, help="the seed experience bank (methods that read one: retrieval_rl)")
     vc.add_argument("--out", required=True, help="the config YAML to write")
     vc.set_defaults(fn=cmd_verl_config, threads=1)

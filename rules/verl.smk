@@ -4,7 +4,6 @@
 # suite's plugin through VERL_USE_EXTERNAL_MODULES (the entry point works only where the suite is
 # installed), with the checkout on PYTHONPATH. UNTESTED on a GPU so far.
 if BACKEND == "verl":
-    from methods.verl_backend import TEACHER_POOL  # methods whose frozen teacher has GPUs of its own
 
     rule verl_data:
         """A domain's training split and held-out tasks as verl's RL parquet files."""
@@ -40,20 +39,19 @@ if BACKEND == "verl":
             run=lambda w: f"{OUT}/verl/runs/{w.domain}/{w.method}/seed{w.seed}",
             out=lambda w: f"{OUT}/runs/{w.domain}/{w.method}/seed{w.seed}",
             gpus=BACKEND_OPTIONS.get("gpus", 1),
-            nodes=BACKEND_OPTIONS.get("nodes", 1),
             bank=lambda w: f"--bank {OUT}/bank/{w.domain}/bank.pt" if uses_bank(config, w.method) else "",
         wildcard_constraints:
             seed=r"\d+",
         threads: 1
         resources:
-            # OPSD's frozen teacher has GPUs of its own (methods/verl_backend/launch.py); Skill-SD's is the student
-            gpu=lambda w: BACKEND_OPTIONS.get("gpus", 1)
-            + (BACKEND_OPTIONS.get("teacher_gpus", 1) if w.method in TEACHER_POOL else 0),
+            # every method's teacher lives on the student's GPUs (methods/verl_backend/launch.py); locally, pass
+            # --resources gpu=N so that no more runs start at once than the machine has GPUs for
+            gpu=BACKEND_OPTIONS.get("gpus", 1),
         conda:
             "../envs/verl.yaml"
         shell:
             "python -m methods.core.forkserver methods.cli verl-config --job {params.job} --seed {wildcards.seed} --model {params.model} "
-            "--data {params.data} --run {params.run} --gpus {params.gpus} --nodes {params.nodes} {params.bank} "
+            "--data {params.data} --run {params.run} --gpus {params.gpus} {params.bank} "
             "--out {params.run}/main_ppo.yaml > {log} 2>&1 && "
             "PYTHONPATH=$(pwd):${{PYTHONPATH:-}} VERL_USE_EXTERNAL_MODULES=methods.verl_backend.plugin "
             "VERL_FILE_LOGGER_PATH={params.run}/verl.$(date +%s).jsonl python -m verl.trainer.main_ppo "

@@ -7,6 +7,7 @@ import contextlib
 import json
 from importlib.metadata import entry_points
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -41,6 +42,33 @@ def test_plugin_is_verl_entry_point_and_registered():
 
     assert "lopd_bench_episode" in _agent_loop_registry  # the plugin brings the agent loop along
     plugin.register()  # idempotent
+
+
+def test_plugin_runs_again_after_a_half_finished_import():
+    """verl's plugin loader swallows an import that fails after ``register()`` ran (a circular import
+    of the agent loop, where something imported it before verl); the next import runs the module
+    again, whose fresh functions then replace their earlier copies instead of raising.  Someone
+    else's function under one of the names is still refused.  (In a subprocess: it reloads the module.)"""
+    import subprocess
+    import sys
+
+    script = """
+import importlib
+import pytest
+from verl.trainer.ppo import core_algos
+from verl.trainer.distillation import losses as d
+from methods.verl_backend import plugin
+module = importlib.reload(plugin)
+assert core_algos.get_adv_estimator_fn(plugin.ADV_ESTIMATOR) is module.grpo_advantage
+assert core_algos.get_adv_estimator_fn(plugin.ADV_ESTIMATOR_KEEP) is module.grpo_advantage_keep
+assert d.get_distillation_loss_fn(plugin.DISTILLATION_LOSS) is module.sampled_reverse_kl
+d.DISTILLATION_LOSS_REGISTRY[plugin.DISTILLATION_LOSS] = lambda *a, **k: None
+with pytest.raises(ValueError, match="another distillation loss"):
+    plugin.register()
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
 
 
 # --------------------------------------------------------------------------- advantage
@@ -185,6 +213,125 @@ def test_policy_loss_refuses_rollout_correction_weights():
             config=_config(plugin.POLICY_LOSS),
             rollout_is_weights=torch.ones_like(logp),
         )
+
+
+class _KV:
+    """TransferQueue's key-value calls on one partition, holding the fields verl's agent loop puts
+    there for each rollout (``AgentLoopWorkerTQ``: ``loss_mask`` a copy of ``response_mask``); a put
+    replaces or adds fields, as TransferQueue's does."""
+
+    class Meta(SimpleNamespace):
+        def __len__(self):
+            return len(self.keys)
+
+    def __init__(self, rows):
+        from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+        self.data = list_of_dict_to_tensordict(rows)
+
+    def kv_batch_get(self, keys, partition_id, select_fields):
+        return self.data.select(*[f for f in select_fields if f in self.data.keys()])
+
+    def kv_batch_put(self, keys, partition_id, fields):
+        for key in fields.keys():
+            self.data[key] = fields[key]
+        return self.Meta(keys=keys, partition_id=partition_id, tags=[{}] * len(keys))
+
+    def padded(self, field, width):
+        out = torch.zeros(len(self.data), width)
+        for i, row in enumerate(self.data[field].unbind()):
+            out[i, : len(row)] = row
+        return out
+
+
+#: 4 groups of 4: two with rewards that differ, two (all 0, all 1) that carry no signal
+ZV_REWARDS = [1, 0, 1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 1]
+ZV_ROWS = [(1 + i % 5, 1 + i % 3) for i in range(16)]
+
+
+def _step_through_verl_v1(small_job, tmp_path, monkeypatch, compute_advantage):
+    """One GRPO step's loss as verl v1 takes it: the advantage by the trainer (``compute_advantage``,
+    the generated config's trainer's or verl's stock one) over the batch in TransferQueue, then the
+    engine's token count from ``loss_mask`` (``FSDPEngine.forward_backward_batch``) and verl's
+    ``ppo_loss`` with the plugin's loss.  Returns the loss, the token count and the loss's gradient
+    on the response tokens' log-probabilities."""
+    import transfer_queue
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+    from methods.verl_backend.launch import main_ppo_config
+    from methods.verl_backend.trainer import GRPO_TRAINER, GRPOTrainer
+
+    cfg = main_ppo_config(small_job, 0, model_path="m", data_dir=tmp_path, run_dir=tmp_path)
+    assert cfg.trainer.v1.trainer_mode == GRPO_TRAINER and cfg.algorithm.adv_estimator == plugin.ADV_ESTIMATOR
+    monkeypatch.setattr(PPOTrainerSync, "on_init_end", lambda self: None)
+    trainer = GRPOTrainer(cfg)
+    flat, _, data = _verl_batch(ZV_ROWS)
+    kv = _KV([
+        {"uid": f"g{i // 4}", "response_mask": torch.ones(r, dtype=torch.long), "loss_mask": torch.ones(r, dtype=torch.long),
+         "rm_scores": torch.nn.functional.pad(torch.tensor([float(ZV_REWARDS[i])]), (r - 1, 0)),
+         "rollout_log_probs": data["old_log_probs"][i, :r], "old_log_probs": data["old_log_probs"][i, :r]}
+        for i, (r, _) in enumerate(ZV_ROWS)
+    ])  # fmt: skip
+    monkeypatch.setattr(transfer_queue, "kv_batch_get", kv.kv_batch_get)
+    monkeypatch.setattr(transfer_queue, "kv_batch_put", kv.kv_batch_put)
+    compute_advantage(trainer, _KV.Meta(keys=[f"k{i}" for i in range(16)], partition_id="train", tags=[]), {})
+    data["advantages"], data["response_mask"] = kv.padded("advantages", 5), kv.padded("response_mask", 5).long()
+    tokens = int(sum(int(m.sum()) for m in kv.data["loss_mask"].unbind()))  # what verl's engine counts
+    loss, grad, _ = _loss(plugin.POLICY_LOSS, "token-mean", flat, data, batch_num_tokens=tokens)
+    on_responses = torch.zeros(16, 5)
+    for i, ((r, p), piece) in enumerate(zip(ZV_ROWS, grad.split([r + p for r, p in ZV_ROWS]))):
+        on_responses[i, :r] = piece[p - 1 : p - 1 + r]
+    return loss, tokens, on_responses
+
+
+def test_zero_variance_groups_leave_verl_v1s_token_count_as_they_leave_the_suites_loss(
+    small_job, tmp_path, monkeypatch
+):
+    """verl v1 normalises the token mean by ``loss_mask``, which the agent loop wrote once; the
+    generated config's trainer writes the estimator's cleared mask there, so the loss and its
+    gradient are the suite's GRPO loss over the kept groups.  verl's stock trainer would halve them."""
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+    from methods.grpo import groups_with_variance
+    from methods.losses import grpo_outcome_advantage
+
+    rewards = torch.tensor(ZV_REWARDS, dtype=torch.float)
+    groups = torch.arange(16) // 4
+    kept = groups_with_variance(rewards, groups)
+    assert kept.sum() == 8  # half the rollouts carry a signal
+    _, logp, data = _verl_batch(ZV_ROWS)  # the same batch _step_through_verl_v1 builds
+    adv = grpo_outcome_advantage(rewards, groups, norm_by_std=small_job["method_config"]["norm_by_std"])
+    logp = logp.clone().requires_grad_()
+    suite, _ = ppo_clip_loss(  # the clip range of _loss's actor config
+        logp[kept], data["old_log_probs"][kept], adv[kept].unsqueeze(-1).expand(-1, 5), data["response_mask"][kept],
+        clip_low=0.2, clip_high=0.28, agg="token-mean",
+    )  # fmt: skip
+    suite.backward()
+
+    from methods.verl_backend.trainer import GRPOTrainer
+
+    def verl_step(compute_advantage):
+        return _step_through_verl_v1(small_job, tmp_path, monkeypatch, compute_advantage)
+
+    loss, tokens, grad = verl_step(GRPOTrainer._compute_advantage)
+    assert tokens == int(data["response_mask"][kept].sum())
+    torch.testing.assert_close(loss, suite.detach())
+    torch.testing.assert_close(grad, logp.grad)
+    assert logp.grad.abs().sum() > 0
+    # verl's stock trainer: the token count keeps the dropped groups, and the gradient shrinks by their share
+    loss, tokens, grad = verl_step(PPOTrainerSync._compute_advantage)
+    share = float(data["response_mask"][kept].sum() / data["response_mask"].sum())
+    assert tokens == int(data["response_mask"].sum()) and share < 1
+    torch.testing.assert_close(grad, logp.grad * share)
+
+
+def test_a_mini_batch_of_dropped_groups_adds_nothing():
+    """Where every group of a mini-batch was dropped, its kept token count is 0: the plugin's loss is 0
+    (no division by zero)."""
+    flat, _, data = _verl_batch(ROWS)
+    data["response_mask"] = torch.zeros_like(data["response_mask"])
+    loss, grad, _ = _loss(plugin.POLICY_LOSS, "token-mean", flat, data, batch_num_tokens=0)
+    assert float(loss) == 0.0 and not grad.abs().sum()
 
 
 def _teacher_rows(teacher, rows=ROWS):
@@ -515,6 +662,9 @@ def test_main_ppo_config_matches_the_job_and_passes_verls_validation(small_job, 
     assert cfg.trainer.total_training_steps * train["rollouts_per_step"] == train["rollout_budget"]  # the budget
     assert cfg.trainer.test_freq * train["rollouts_per_step"] == train["eval_every"] and cfg.trainer.val_before_train
     assert cfg.algorithm.adv_estimator == plugin.ADV_ESTIMATOR
+    assert cfg.trainer.v1.trainer_mode == "lopd_bench_grpo_trainer"  # the kept groups' token count (test below)
+    # verl's default would be flash_attention_2, which the locked environment lacks
+    assert cfg.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"
     # the estimator clears zero-variance rows of response_mask; verl's v1 trainer writes that mask back
     # for the loss only while rollout correction is on (trainer_base._compute_advantage): its config set,
     # not bypassed, and the rollouts' log-probs in the batch; and without IS weights, which the loss refuses
@@ -542,6 +692,11 @@ def test_main_ppo_config_refuses_what_verl_cannot_run_yet(small_job, tmp_path):
     )
     with pytest.raises(ValueError, match="must be a multiple of train.rollouts_per_step"):
         main_ppo_config(odd, 0, **kw)
+    seq_mean = dict(small_job, method_config=dict(small_job["method_config"], loss_agg="seq-mean-token-mean"))
+    with pytest.raises(ValueError, match="with drop_zero_variance has no verl path"):
+        main_ppo_config(seq_mean, 0, **kw)
+    seq_mean["method_config"]["drop_zero_variance"] = False  # kept groups: verl's normalisation is the suite's
+    assert main_ppo_config(seq_mean, 0, **kw).trainer.v1.trainer_mode == "sync"
 
 
 # --------------------------------------------------------------------------- backend: verl profiles
@@ -559,7 +714,8 @@ def test_verl_profile_jobs_carry_the_backend_and_refuse_methods_without_a_verl_p
     assert "backend" not in resolve_job(dict(cfg, profile="small"), "code", "grpo")  # other profiles' jobs unchanged
     cfg["profiles"]["real-verl"]["methods"] = ["grpo", "sdpo"]
     with pytest.raises(
-        ValueError, match=r"backend verl runs \['grpo', 'retrieval_rl', 'opsd', 'sdft', 'skill_sd'\] so far, not \['sdpo'\]"
+        ValueError,
+        match=r"backend verl runs \['grpo', 'retrieval_rl', 'opsd', 'sdft', 'skill_sd'\] so far, not \['sdpo'\]",
     ):
         validate(cfg)
 
@@ -793,29 +949,22 @@ def _privileged_worker(teacher, config=None):
     return worker
 
 
-def test_privileged_teacher_scores_the_response_after_its_own_prompt_on_the_students_positions():
+def test_teacher_rows_move_to_where_the_students_logits_predict_the_response():
+    """``align_to_student``: the teacher's rows for *teacher prompt + response* (verl's layout, row i
+    the top-k of token i + 1) laid out on the student's sequence, as verl's padding then takes them;
+    a privileged teacher outside the trainer is refused (only Skill-SD's is scored on the servers),
+    and validation episodes are scored by no one."""
     import asyncio
 
     from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
     from verl.experimental.teacher_loop.teacher_manager import _pad_teacher_outputs
 
-    from methods.verl_backend.distill import TEACHER_PROMPT
+    from methods.verl_backend.distill import TEACHER_PROMPT, align_to_student
 
     student_prompt, teacher_prompt, response = [5, 6, 7], [5, 90, 91, 92, 93, 6, 7], [11, 12, 13, 14]
     teacher = _Teacher()
-
-    def output():
-        return AgentLoopOutput(
-            prompt_ids=student_prompt, response_ids=response, response_mask=[1, 1, 0, 1], num_turns=2,
-            metrics=AgentLoopMetrics(), extra_fields={TEACHER_PROMPT: teacher_prompt},
-        )  # fmt: skip
-
-    out = output()
-    asyncio.run(_privileged_worker(teacher)._compute_teacher_logprobs(out, student_prompt, response, False, {}))
-    assert teacher.calls == [teacher_prompt + response]  # verl's own call, on the privileged sequence
-    assert TEACHER_PROMPT not in out.extra_fields  # consumed: it never reaches the batch
-    ids, logprobs = out.extra_fields["teacher_ids"], out.extra_fields["teacher_logprobs"]
     whole_ids, whole_lp = asyncio.run(teacher.compute_teacher_logprobs_single(teacher_prompt + response))
+    ids, logprobs = align_to_student(whole_ids, whole_lp, len(teacher_prompt), len(student_prompt), 0)
     s, t = len(student_prompt), len(teacher_prompt)
     assert ids.shape == (s + len(response), 3) == logprobs.shape
     # the row predicting response token j sits where the student's logits predict it (position s - 1 + j)
@@ -826,10 +975,20 @@ def test_privileged_teacher_scores_the_response_after_its_own_prompt_on_the_stud
     padded_ids, _ = _pad_teacher_outputs(ids, logprobs, 8, 6, s, len(response), 0)
     assert padded_ids.shape == (1, 8 + 6, 3)  # verl's padding takes the aligned rows as they come
     assert padded_ids[0, 8 - 1 : 8 - 1 + len(response), 0].tolist() == [10 * tok for tok in response]
+
+    def output():
+        return AgentLoopOutput(
+            prompt_ids=student_prompt, response_ids=response, response_mask=[1, 1, 0, 1], num_turns=2,
+            metrics=AgentLoopMetrics(), extra_fields={TEACHER_PROMPT: teacher_prompt},
+        )  # fmt: skip
+
+    expert = _privileged_worker(teacher, {"lopd_bench": {"teacher_context": "expert"}})
+    with pytest.raises(ValueError, match="teacher_in_trainer"):
+        asyncio.run(expert._compute_teacher_logprobs(output(), student_prompt, response, False, {}))
     held_out = output()
-    asyncio.run(_privileged_worker(teacher)._compute_teacher_logprobs(held_out, student_prompt, response, True, {}))
+    asyncio.run(expert._compute_teacher_logprobs(held_out, student_prompt, response, True, {}))
     assert "teacher_ids" not in held_out.extra_fields and TEACHER_PROMPT not in held_out.extra_fields
-    assert len(teacher.calls) == 2  # validation episodes are not scored
+    assert len(teacher.calls) == 1  # the test's own call: validation episodes are not scored
 
 
 def test_privileged_manager_runs_the_privileged_worker():
@@ -878,32 +1037,34 @@ def test_opsd_agent_loop_gives_training_episodes_the_reference_solution_as_the_t
     domain.close()
 
 
-def test_main_ppo_config_of_opsd_distils_from_the_frozen_base_with_a_privileged_teacher(tmp_path):
-    from verl.utils.config import omega_conf_to_dataclass
-
+def test_main_ppo_config_of_opsd_keeps_the_frozen_base_as_the_reference_model_on_the_students_gpus(tmp_path):
+    """OPSD on one GPU: the EMA-teacher trainer at rate 0 (the reference model is the base policy as
+    loaded), no teacher pool, the teacher reading the privileged prompt, no reward in the loss."""
     from methods.core.config import resolve_job
     from methods.verl_backend.launch import main_ppo_config, validate
+    from methods.verl_backend.trainer import EMA_TRAINER
 
     job = resolve_job(dict(_suite_config(), profile="real-verl"), "code", "opsd")
     kw = {"model_path": tmp_path / "base", "data_dir": tmp_path, "run_dir": tmp_path}
     cfg = main_ppo_config(job, 0, **kw)
     validate(cfg)
-    distillation = omega_conf_to_dataclass(cfg.distillation)  # verl's own checks of the teacher pool
-    teacher = distillation.teacher_models["default"]
-    assert teacher.model_path == str(tmp_path / "base") and teacher.num_replicas == 1  # the frozen base model
-    assert not teacher.inference.enable_prefix_caching  # scores only; vllm-project/vllm#42019
+    assert cfg.trainer.v1.trainer_mode == EMA_TRAINER and cfg.lopd_bench.teacher_in_trainer
+    assert cfg.lopd_bench.ema_teacher.rate == 0.0  # frozen: never moved
+    assert cfg.distillation.n_gpus_per_node == 1 and cfg.trainer.n_gpus_per_node == 1  # no pool is started (trainer)
+    assert cfg.actor_rollout_ref.model.path == str(tmp_path / "base")  # the reference model: the base policy
     loss = cfg.distillation.distillation_loss
     assert loss.loss_mode == "forward_kl_topk" and not loss.use_task_rewards and not loss.use_policy_gradient
     assert cfg.actor_rollout_ref.rollout.n == 1 and cfg.data.train_batch_size == job["train"]["rollouts_per_step"]
     assert cfg.algorithm.adv_estimator == plugin.ADV_ESTIMATOR_KEEP  # single-rollout groups keep their mask
     assert cfg.lopd_bench.teacher_context == "expert"
-    assert cfg.lopd_bench.teacher_temperature == cfg.actor_rollout_ref.rollout.temperature  # the worker tempers
     manager = cfg.actor_rollout_ref.rollout.agent.agent_loop_manager_class
     assert manager == "methods.verl_backend.distill.PrivilegedAgentLoopManager"
-    with pytest.raises(ValueError, match="verl's teacher servers are frozen"):
-        main_ppo_config(
-            dict(job, method_config=dict(job["method_config"], teacher_source="ema", ema_rate=0.01)), 0, **kw
-        )
+    ema = main_ppo_config(
+        dict(job, method_config=dict(job["method_config"], teacher_source="ema", ema_rate=0.05)), 0, **kw
+    )
+    assert ema.lopd_bench.ema_teacher.rate == 0.05  # an EMA variant of OPSD takes the same path
+    with pytest.raises(ValueError, match="teacher_source 'student' has no verl path"):
+        main_ppo_config(dict(job, method_config=dict(job["method_config"], teacher_source="student")), 0, **kw)
     with pytest.raises(ValueError, match="divergence 'jsd' has no verl path"):
         main_ppo_config(dict(job, method_config=dict(job["method_config"], divergence="jsd")), 0, **kw)
 

@@ -55,10 +55,15 @@ def _worker(student, teacher, rank=0, world_size=1):
     return worker
 
 
-def _sdft_job():
+def _sdft_job(method="sdft"):
+    """The real-verl profile's job of SDFT, or of OPSD (the same trainer with its teacher frozen)."""
     from methods.core.config import resolve_job
 
-    return resolve_job(dict(_suite_config(), profile="real-verl"), "code", "sdft")
+    return resolve_job(dict(_suite_config(), profile="real-verl"), "code", method)
+
+
+#: the methods of the EMA-teacher trainer: SDFT (an EMA of the student) and OPSD (the frozen base, rate 0)
+EMA_METHODS = ["sdft", "opsd"]
 
 
 # --------------------------------------------------------------------------- the EMA
@@ -272,13 +277,13 @@ class _WorkerGroup:
         return call
 
 
-def _trainer(tmp_path, monkeypatch):
+def _trainer(tmp_path, monkeypatch, method="sdft"):
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
     from methods.verl_backend.launch import main_ppo_config
     from methods.verl_backend.trainer import EMATeacherTrainer
 
-    cfg = main_ppo_config(_sdft_job(), 0, model_path="m", data_dir=tmp_path, run_dir=tmp_path)
+    cfg = main_ppo_config(_sdft_job(method), 0, model_path="m", data_dir=tmp_path, run_dir=tmp_path)
     cfg.lopd_bench.ema_teacher.max_len = 12
     monkeypatch.setattr(PPOTrainerSync, "on_init_end", lambda self: None)
     monkeypatch.setattr(PPOTrainerSync, "_save_checkpoint", lambda self: self.order.append("verl"))
@@ -291,10 +296,11 @@ def _trainer(tmp_path, monkeypatch):
     return trainer, cfg
 
 
-def test_ema_trainer_plans_the_hybrid_worker_with_its_teacher_and_no_teacher_pool(tmp_path, monkeypatch):
+@pytest.mark.parametrize("method", EMA_METHODS)
+def test_ema_trainer_plans_the_hybrid_worker_with_its_teacher_and_no_teacher_pool(tmp_path, monkeypatch, method):
     from verl.trainer.ppo.v1.trainer_base import Role
 
-    trainer, cfg = _trainer(tmp_path, monkeypatch)
+    trainer, cfg = _trainer(tmp_path, monkeypatch, method)
     assert trainer.trainer_mode == "sync" and trainer.use_reference_policy and not trainer.use_teacher_policy
     trainer._init_resource_pool_mgr()  # verl's plan of GPU pools, without starting them
     assert "teacher_pool" not in trainer.resource_pool_manager.resource_pool_spec and cfg.distillation.enabled
@@ -303,7 +309,8 @@ def test_ema_trainer_plans_the_hybrid_worker_with_its_teacher_and_no_teacher_poo
     assert "EMATeacherWorker" in repr(trainer.role_worker_mapping[Role.ActorRolloutRef])
 
 
-def test_ema_trainer_writes_the_teachers_rows_on_the_students_layout(tmp_path, monkeypatch):
+@pytest.mark.parametrize("method", EMA_METHODS)
+def test_ema_trainer_writes_the_teachers_rows_on_the_students_layout(tmp_path, monkeypatch, method):
     """The rows verl's loss reads for a student's response token, at the student's position, are the
     EMA teacher's tempered top-k for that token after the *teacher's* prompt; a rollout whose teacher
     sequence would not fit the teacher's positions is scored after the student's own prompt."""
@@ -311,7 +318,7 @@ def test_ema_trainer_writes_the_teachers_rows_on_the_students_layout(tmp_path, m
 
     from methods.verl_backend.distill import TEACHER_PROMPT
 
-    trainer, cfg = _trainer(tmp_path, monkeypatch)
+    trainer, cfg = _trainer(tmp_path, monkeypatch, method)
     teacher = _tiny_lm(5)
     trainer.actor_rollout_wg = _WorkerGroup([_worker(_tiny_lm(0), teacher, rank=r, world_size=2) for r in range(2)])
     episodes = [  # (student prompt, teacher prompt, response)
@@ -379,6 +386,30 @@ def test_ema_trainer_moves_the_teacher_after_the_update_and_saves_it_before_verl
         trainer.on_init_end()
 
 
+def test_opsd_trainer_keeps_its_frozen_teacher_unmoved_and_unsaved(tmp_path, monkeypatch):
+    """OPSD on the EMA-teacher trainer: rate 0, so no update after the student's and no copy in the
+    checkpoint; a resumed run's teacher is the reference model as verl loads it (the base policy)."""
+    from methods.verl_backend.trainer import EMA_TEACHER_DIR
+
+    trainer, cfg = _trainer(tmp_path, monkeypatch, "opsd")
+    assert cfg.lopd_bench.ema_teacher.rate == 0.0 and trainer.frozen
+    student, teacher = _tiny_lm(0), _tiny_lm(1)
+    before = [p.detach().clone() for p in teacher.parameters()]
+    trainer.actor_rollout_wg = _WorkerGroup([_worker(student, teacher)], calls=trainer.order)
+    trainer.global_steps = 0
+    trainer.on_init_end()
+    trainer._update_actor("batch", {})
+    assert trainer.order == ["check_teacher", "update"]
+    assert all(torch.equal(p, b) for p, b in zip(teacher.parameters(), before))
+    trainer.global_steps = 1
+    trainer._save_checkpoint()
+    assert trainer.order[-1] == "verl" and "save_teacher" not in trainer.order
+    assert not (tmp_path / "checkpoints" / "global_step_1" / EMA_TEACHER_DIR).exists()
+    trainer.global_steps = 2
+    trainer.on_init_end()  # resumed: nothing of its own to load
+    assert "load_teacher" not in trainer.order
+
+
 # --------------------------------------------------------------------------- the config
 def test_main_ppo_config_of_sdft_distils_from_an_ema_teacher_in_the_actor_workers(tmp_path):
     from methods.verl_backend.launch import main_ppo_config, validate
@@ -402,8 +433,8 @@ def test_main_ppo_config_of_sdft_distils_from_an_ema_teacher_in_the_actor_worker
     assert cfg.algorithm.adv_estimator == plugin.ADV_ESTIMATOR_KEEP
     manager = cfg.actor_rollout_ref.rollout.agent.agent_loop_manager_class
     assert manager == "methods.verl_backend.distill.PrivilegedAgentLoopManager"
-    with pytest.raises(ValueError, match="needs teacher_source 'ema'"):
-        main_ppo_config(dict(job, method_config=dict(job["method_config"], teacher_source="frozen")), 0, **kw)
+    with pytest.raises(ValueError, match="teacher_source 'student' has no verl path"):
+        main_ppo_config(dict(job, method_config=dict(job["method_config"], teacher_source="student")), 0, **kw)
     with pytest.raises(ValueError, match="divergence 'jsd' has no verl path"):
         main_ppo_config(dict(job, method_config=dict(job["method_config"], divergence="jsd")), 0, **kw)
 
@@ -449,7 +480,7 @@ def _fsdp(model, version: int):
     )  # fmt: skip
 
 
-def _two_rank_ema(rank, world_size, init_file, out_dir, version):
+def _two_rank_ema(rank, world_size, init_file, out_dir, version, rate=0.5):
     """One rank of :func:`test_ema_teacher_on_fsdp_shards_of_two_cpu_processes` (run by
     ``torch.multiprocessing.spawn``): the worker's own calls on FSDP-sharded actor and teacher."""
     import json
@@ -466,7 +497,7 @@ def _two_rank_ema(rank, world_size, init_file, out_dir, version):
         with torch.no_grad():  # forwards outside the worker's calls (verl's log-prob pass on the actor is one):
             for module in (worker.actor.engine.module, worker.ref.engine.module):  # the roots keep their gathered
                 module(torch.tensor([[1, 2, 3]]))  # weights after them
-        moved = worker.ema_update(0.5)
+        moved = worker.ema_update(rate) if rate else checked  # OPSD's trainer never moves its teacher
         after = worker.teacher_topk(sequences, starts, 4, 0.8, 64)
         worker.save_teacher(str(out_dir / "teacher"))
         fresh = _worker(_fsdp(_tiny_lm(0), version), _fsdp(_tiny_lm(2), version), rank=rank, world_size=world_size)
@@ -483,7 +514,8 @@ def _two_rank_ema(rank, world_size, init_file, out_dir, version):
 
 @pytest.mark.slow  # two processes on a gloo group
 @pytest.mark.parametrize("version", [1, 2])
-def test_ema_teacher_on_fsdp_shards_of_two_cpu_processes(tmp_path, version):
+@pytest.mark.parametrize("method,rate", [("sdft", 0.5), ("opsd", 0.0)])
+def test_ema_teacher_on_fsdp_shards_of_two_cpu_processes(tmp_path, version, method, rate):
     """The worker's calls on FSDP1 and FSDP2 models laid out as verl's engine lays them out, across two
     ranks: the pairing check passes on models not yet run, each rank updates only its own share of the
     weights, and the teacher then scores exactly as the unsharded suite EMA of the two models does,
@@ -495,14 +527,15 @@ def test_ema_teacher_on_fsdp_shards_of_two_cpu_processes(tmp_path, version):
 
     from methods.core.teacher import Teacher
 
-    mp.spawn(_two_rank_ema, args=(2, str(tmp_path / "init"), tmp_path, version), nprocs=2)
+    mp.spawn(_two_rank_ema, args=(2, str(tmp_path / "init"), tmp_path, version, rate), nprocs=2)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     total = sum(p.numel() for p in _tiny_lm(1).parameters())
     assert [r["moved"] for r in ranks] == [r["checked"] for r in ranks] and sum(r["moved"] for r in ranks) == total
     assert 0 < ranks[0]["moved"] < total  # a shard each
     student, teacher = _tiny_lm(0), _tiny_lm(1)
     suite = object.__new__(Teacher)
-    suite.source, suite.ema_rate, suite._model, suite.run = "ema", 0.5, teacher, SimpleNamespace(model=student)
+    source = "ema" if rate else "frozen"  # the suite's Teacher of SDFT, and of OPSD
+    suite.source, suite.ema_rate, suite._model, suite.run = source, rate, teacher, SimpleNamespace(model=student)
     sequences, starts = [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10], [11, 12, 13]], [2, 1, 1]
 
     def expected(model):

@@ -10,11 +10,12 @@ What exists so far (``docs/verl.md`` tracks the rest):
 * :mod:`.agent_loop` -- the suite's episode as a verl agent loop.
 * :mod:`.bank` and :mod:`.trainer` -- retrieval RL: the experience bank as a Ray actor that the
   agent loops query and stage into, and verl's synchronous trainer that grows it after each step.
-* :mod:`.distill` -- a teacher that reads a privileged prompt (OPSD: the reference solution;
-  Skill-SD: a skill, with :mod:`.skills`, the skill library as a Ray actor, and the trainer's
-  Skill-SD variant, whose teacher is the student on the rollout servers).
-* :mod:`.ema` -- SDFT's teacher: an EMA of the student kept as the actor worker's reference
-  model, scored by the trainer's SDFT variant after each step's rollouts.
+* :mod:`.distill` -- a teacher that reads a privileged prompt (OPSD and SDFT: the reference
+  solution; Skill-SD: a skill, with :mod:`.skills`, the skill library as a Ray actor, and the
+  trainer's Skill-SD variant, whose teacher is the student on the rollout servers).
+* :mod:`.ema` -- OPSD's and SDFT's teacher: verl's reference model in the actor worker, an EMA of
+  the student (SDFT) or the frozen base policy (OPSD, rate 0), scored by the trainer's EMA-teacher
+  variant after each step's rollouts.
 * :mod:`.launch` and :mod:`.metrics` -- a job's ``main_ppo`` config, and the suite's run files
   from a finished verl run.
 
@@ -25,8 +26,7 @@ Nothing here imports verl at package import: ``methods.verl_backend.export`` run
 SUPPORTED_METHODS = ("grpo", "retrieval_rl", "opsd", "sdft", "skill_sd")
 #: the distilling methods among them, and the privileged context their teacher reads
 TEACHER_CONTEXT = {"opsd": "expert", "sdft": "expert", "skill_sd": "skill"}
-#: those whose teacher is a frozen model on GPUs of its own (Skill-SD's teacher is the student
-#: itself, scored on the run's rollout servers)
-TEACHER_POOL = ("opsd",)
-#: those whose teacher is an EMA of the student, kept in the actor workers (:mod:`.ema`)
-EMA_TEACHER = ("sdft",)
+#: those whose teacher is kept in the actor workers as verl's reference model (:mod:`.ema`): an EMA
+#: of the student (SDFT) or, at rate 0, the frozen base policy (OPSD); Skill-SD's teacher is the
+#: student itself, scored on the run's rollout servers.  No method needs GPUs beyond the student's.
+EMA_TEACHER = ("opsd", "sdft")

@@ -1,49 +1,34 @@
-"""A privileged-context teacher for verl's on-policy distillation (OPSD on verl).
+"""A privileged-context teacher for verl's on-policy distillation.
 
 verl 0.9.1 distils on-policy through teacher servers: after an episode, its agent-loop worker asks
-a teacher (a frozen model served like the rollout, in its own GPU pool: ``distillation.*``) for
-the top-k log-probabilities at every position of the student's sequence, prompt and response
+a teacher for the top-k log-probabilities at every position of the student's sequence
 (``AgentLoopWorker._compute_teacher_logprobs``), and the actor's loss compares them with the
-student's full logits at the response tokens (``forward_kl_topk``, in a logits processor).  The
-teacher sees exactly the student's prompt; nothing upstream lets it see another (PRs #6833,
-#6909 and #7659 were open as of 2026-08).
+student's logits at the response tokens.  The teacher sees exactly the student's prompt; nothing
+upstream lets it see another (PRs #6833, #6909 and #7659 were open as of 2026-08).
 
-Self-distillation needs the teacher to read the same response after a *privileged* prompt (OPSD:
-the task's reference solution ahead of the task).  So:
+Self-distillation needs the teacher to read the same response after a *privileged* prompt.  So
+the suite's agent loop puts the teacher's prompt ids, built by the suite's rollout engine's own
+layout with the privileged context (:func:`methods.core.rollout.initial_prompt_ids`), in the
+episode's ``extra_fields`` under :data:`TEACHER_PROMPT`, and :class:`PrivilegedAgentLoopWorker`
+(verl's TransferQueue worker; :class:`PrivilegedAgentLoopManager` is verl's manager with it,
+``actor_rollout_ref.rollout.agent.agent_loop_manager_class``) hands it on:
 
-* the suite's agent loop puts the teacher's prompt ids, built by the suite's rollout engine's own
-  layout with the privileged context (:func:`methods.core.rollout.initial_prompt_ids`), in the
-  episode's ``extra_fields`` under :data:`TEACHER_PROMPT`;
-* :class:`PrivilegedAgentLoopWorker` (verl's TransferQueue worker) lets verl's own
-  ``_compute_teacher_logprobs`` score *teacher prompt + response* instead, then re-aligns the
-  result to the student's sequence (:func:`align_to_student`): the rows that predict the
-  response's tokens move to the positions where the student's logits predict them, and the
-  student's other prompt positions get filler rows, which the loss never reads (it reads the
-  response's tokens only);
-* :class:`PrivilegedAgentLoopManager` is verl's TransferQueue manager with that worker
-  (``actor_rollout_ref.rollout.agent.agent_loop_manager_class``).
-
-OPSD's teacher is the frozen warm-start policy (``distillation.teacher_models.teacher_model.model_path``
-is the run's base model), as in the suite's loop.  Skill-SD's teacher is the student itself,
-synced every step, reading the skill chosen for the task (``lopd_bench.teacher_context: skill``):
-its "teacher servers" are the run's own rollout servers, which hold the current student's weights
-while the step's episodes are played (:class:`methods.verl_backend.trainer.SkillTrainer` hands
-verl their client as the teacher's, and no teacher pool is started).  It scores the sampled tokens
-(``prompt_logprobs`` 0, as for verl's estimator losses), and a rollout whose task has no skill
-yet gets :func:`no_teacher_rows`, which the sampled reverse KL leaves out.  A teacher sequence
-that would not fit ``lopd_bench.teacher_max_len`` is not scored either (the suite's teacher gives
-no signal past the model's positions).
-
-SDFT's teacher is an EMA of the student, kept as the actor worker's reference model
-(:mod:`methods.verl_backend.ema`); with ``lopd_bench.teacher_in_trainer`` the worker scores
-nothing and leaves the teacher prompt in the episode's ``extra_fields``, where the trainer
-(:class:`methods.verl_backend.trainer.EMATeacherTrainer`) reads it after the step's rollouts.
-
-vLLM's prompt log-probabilities come from the raw logits, the student's from its logits divided
-by the rollout temperature, and the suite's teacher scores at the student's temperature; so the
-teacher's rows are tempered (``lopd_bench.teacher_temperature``): OPSD's top-k by
-:func:`temper_topk`, Skill-SD's sampled tokens by :func:`temper_sampled`, with a second request for
-the top-k that normalise them (``lopd_bench.teacher_topk``).
+* OPSD and SDFT (``lopd_bench.teacher_in_trainer``): the teacher is verl's reference model in the
+  actor worker (the frozen base policy for OPSD, an EMA of the student for SDFT;
+  :mod:`methods.verl_backend.ema`); the worker scores nothing and leaves the teacher prompt in
+  ``extra_fields``, where :class:`methods.verl_backend.trainer.EMATeacherTrainer` reads it after
+  the step's rollouts and writes the teacher's exact top-k rows at the student's temperature.
+* Skill-SD (``lopd_bench.teacher_context: skill``): the teacher is the student itself, synced every
+  step, reading the skill chosen for the task; its "teacher servers" are the run's own rollout
+  servers (:class:`methods.verl_backend.trainer.SkillTrainer` hands verl their client as the
+  teacher's, and no teacher pool is started).  The worker scores the sampled tokens there
+  (``prompt_logprobs`` 0) on *teacher prompt + response* and re-aligns the rows to the student's
+  sequence (:func:`align_to_student`); a rollout whose task has no skill yet gets
+  :func:`no_teacher_rows`, which the sampled reverse KL leaves out, and so does a teacher sequence
+  that would not fit ``lopd_bench.teacher_max_len`` (the suite's teacher gives no signal past the
+  model's positions).  vLLM's log-probabilities come from the raw logits, the student's from its
+  logits divided by the rollout temperature, so the rows are tempered (:func:`temper_sampled`,
+  with a second request for the top-k that normalise them, ``lopd_bench.teacher_topk``).
 """
 
 from __future__ import annotations
@@ -62,7 +47,6 @@ __all__ = [
     "TEACHER_PROMPT",
     "align_to_student",
     "no_teacher_rows",
-    "temper_topk",
     "temper_sampled",
     "PrivilegedAgentLoopWorker",
     "PrivilegedAgentLoopManager",
@@ -91,24 +75,15 @@ def align_to_student(
     return torch.cat([filler_ids, teacher_ids[keep:]]), torch.cat([filler_logprobs, teacher_logprobs[keep:]])
 
 
-def temper_topk(logprobs: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Top-k log-probabilities ``[..., k]`` of a distribution at temperature 1 (what vLLM's prompt
-    log-probabilities are: raw logits) as those of the same logits divided by ``temperature``:
-    ``log softmax(l / T) = lp / T − logsumexp(lp / T)`` for ``lp = log softmax(l)``, the
-    normaliser taken over the top-k.  What the top-k leave out, ``Σ_tail p^(1/T)``, is below
-    ``p_k^(1/T − 1)`` times the tail's mass at T < 1, so the rows come out slightly too high; a
-    test bounds the error on a peaked distribution."""
-    scaled = logprobs / temperature
-    return scaled - torch.logsumexp(scaled, dim=-1, keepdim=True)
-
-
 def temper_sampled(
     logprob: torch.Tensor, token: torch.Tensor, topk_logprobs: torch.Tensor, topk_ids: torch.Tensor, temperature: float
 ) -> torch.Tensor:
     """The sampled token's log-probability ``[S]`` at ``temperature``, from its log-probability at
-    temperature 1 (``logprob``, ids ``token``) and the top-k's (``[S, k]``): the normaliser runs
-    over the top-k and the token itself where it is not among them (:func:`temper_topk`'s
-    approximation)."""
+    temperature 1 (``logprob``, ids ``token``) and the top-k's (``[S, k]``):
+    ``log softmax(l / T) = lp / T − logsumexp(lp / T)`` for ``lp = log softmax(l)``, the normaliser
+    run over the top-k and the token itself where it is not among them.  What they leave out,
+    ``Σ_tail p^(1/T)``, is below ``p_k^(1/T − 1)`` times the tail's mass at T < 1, so the value
+    comes out slightly too high; a test bounds the error on a peaked distribution."""
     outside = ~(topk_ids == token[:, None]).any(-1)
     extra = torch.where(outside, logprob, torch.full_like(logprob, float("-inf")))
     pool = torch.cat([topk_logprobs, extra[:, None]], dim=-1) / temperature
@@ -156,34 +131,29 @@ class PrivilegedAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
         if validate or not self.distillation_enabled:  # verl's own (which scores nothing then)
             return await super()._compute_teacher_logprobs(output, prompt_ids, response_ids, validate, sample_kwargs)
         section = self.config.get(SECTION) or {}
-        if section.get("teacher_in_trainer"):  # SDFT: the trainer scores its EMA teacher after the rollouts
+        if section.get("teacher_in_trainer"):  # OPSD, SDFT: the trainer scores its teacher after the rollouts
             if teacher_prompt is not None:
                 output.extra_fields[TEACHER_PROMPT] = list(teacher_prompt)
             return
+        if section.get("teacher_context") != "skill":
+            raise ValueError(
+                f"{SECTION}.teacher_context {section.get('teacher_context')!r}: only Skill-SD's teacher is scored on the "
+                f"rollout servers; a privileged teacher in the actor workers needs {SECTION}.teacher_in_trainer"
+            )
         limit = section.get("teacher_max_len")
         temperature = float(section.get("teacher_temperature", 1.0))
         if teacher_prompt is not None and limit and len(teacher_prompt) + len(response_ids) >= limit:
             # the teacher's sequence would not fit its server (which also generates one token after it):
             # no signal, as the suite's Teacher gives none past the model's positions
             teacher_prompt = None
-        skill = section.get("teacher_context") == "skill"
-        if teacher_prompt is None:
-            if skill:  # no skill for this task yet: the GRPO term only
-                ids, logprobs = no_teacher_rows(len(prompt_ids) + len(response_ids))
-                output.extra_fields["teacher_ids"], output.extra_fields["teacher_logprobs"] = ids, logprobs
-                return
-            # an episode without a privileged context: verl's own teacher input
-            return await super()._compute_teacher_logprobs(output, prompt_ids, response_ids, validate, sample_kwargs)
+        if teacher_prompt is None:  # no skill for this task yet (or no room for it): the GRPO term only
+            ids, logprobs = no_teacher_rows(len(prompt_ids) + len(response_ids))
+            output.extra_fields["teacher_ids"], output.extra_fields["teacher_logprobs"] = ids, logprobs
+            return
         teacher_prompt = list(teacher_prompt)
-        if skill:
-            ids, logprobs = await self._skill_teacher(
-                teacher_prompt + list(response_ids), temperature, int(section.get("teacher_topk", 20))
-            )
-        else:  # verl's own call (top-k, its settings), on the privileged sequence
-            await super()._compute_teacher_logprobs(output, teacher_prompt, response_ids, validate, sample_kwargs)
-            ids, logprobs = output.extra_fields["teacher_ids"], output.extra_fields["teacher_logprobs"]
-            if temperature != 1.0:  # the student's logits reach the loss divided by the rollout temperature
-                logprobs = temper_topk(logprobs, temperature)
+        ids, logprobs = await self._skill_teacher(
+            teacher_prompt + list(response_ids), temperature, int(section.get("teacher_topk", 20))
+        )
         output.extra_fields["teacher_ids"], output.extra_fields["teacher_logprobs"] = align_to_student(
             ids, logprobs, len(teacher_prompt), len(prompt_ids), self.tokenizer.pad_token_id
         )

@@ -9,7 +9,7 @@ is ``train.rollouts_per_step``, and ``trainer.total_training_steps`` x that is
 dumping per-episode scores for the metrics adapter (:mod:`.metrics`).
 
 Only the methods whose verl path exists are accepted (GRPO, retrieval RL, OPSD, SDFT and Skill-SD
-today; ``docs/verl.md``).
+today; ``docs/verl.md``), each on the student's GPUs alone.
 """
 
 from __future__ import annotations
@@ -20,13 +20,23 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from methods.verl_backend import EMA_TEACHER, SUPPORTED_METHODS, TEACHER_CONTEXT, TEACHER_POOL
+from methods.verl_backend import EMA_TEACHER, SUPPORTED_METHODS, TEACHER_CONTEXT
 
 __all__ = ["SUPPORTED_METHODS", "main_ppo_config", "validate", "write_config", "rollouts_per_step"]
 
 
 def rollouts_per_step(job: dict) -> int:
     return int(job["train"]["rollouts_per_step"])
+
+
+#: the attention implementation of the policy's (and the reference model's) HF model on verl: torch's
+#: own, since ``envs/verl.yaml`` carries no flash-attn; a profile may name another
+#: (``backend_options.attn_implementation``) in an environment that has it
+ATTN_IMPLEMENTATION = "sdpa"
+
+
+def attention_implementation(job: dict) -> str:
+    return str((job.get("backend_options") or {}).get("attn_implementation", ATTN_IMPLEMENTATION))
 
 
 def _steps(job: dict, key: str) -> int:
@@ -47,7 +57,6 @@ def main_ppo_config(
     data_dir: str | Path,
     run_dir: str | Path,
     n_gpus_per_node: int = 1,
-    nnodes: int = 1,
     rollout_engine: str = "vllm",
     bank_path: str | Path | None = None,
 ) -> DictConfig:
@@ -61,7 +70,7 @@ def main_ppo_config(
     import verl
     from hydra import compose, initialize_config_dir
 
-    from methods.verl_backend.plugin import ADV_ESTIMATOR, ADV_ESTIMATOR_KEEP, POLICY_LOSS
+    from methods.verl_backend.plugin import POLICY_LOSS
 
     method = job.get("method")
     if method not in SUPPORTED_METHODS:
@@ -87,6 +96,8 @@ def main_ppo_config(
         "data.truncation": "error",
         "data.seed": seed,
         "actor_rollout_ref.model.path": str(model_path),
+        # verl's default is flash_attention_2 (ModelConfig), which the locked environment does not carry
+        "actor_rollout_ref.model.override_config.attn_implementation": attention_implementation(job),
         "actor_rollout_ref.actor.optim.lr": train["lr"],
         "actor_rollout_ref.actor.optim.weight_decay": train["weight_decay"],
         "actor_rollout_ref.actor.grad_clip": train["grad_clip"],
@@ -114,27 +125,18 @@ def main_ppo_config(
         "trainer.project_name": "lopd_bench",
         "trainer.experiment_name": f"{job['domain']}-{method}-seed{seed}",
         "trainer.n_gpus_per_node": n_gpus_per_node,
-        "trainer.nnodes": nnodes,
+        "trainer.nnodes": 1,  # one node: nothing here starts Ray on a second (README, docs/verl.md)
         "trainer.save_freq": _steps(job, "eval_every"),
     }
-    if method in TEACHER_POOL:
-        overrides.update(_distillation(job, model_path, prompt_len))
-    elif method in EMA_TEACHER:
+    if method in EMA_TEACHER:
         overrides.update(_ema_teacher(job, model_path, prompt_len))
     else:  # GRPO's outcome advantage and clipped loss (retrieval RL: GRPO with experience in the prompt)
-        overrides.update(
-            {
-                "actor_rollout_ref.actor.clip_ratio_low": mc["clip_low"],
-                "actor_rollout_ref.actor.clip_ratio_high": mc["clip_high"],
-                "actor_rollout_ref.actor.loss_agg_mode": mc["loss_agg"],
-                "algorithm.adv_estimator": ADV_ESTIMATOR if mc["drop_zero_variance"] else ADV_ESTIMATOR_KEEP,
-                "algorithm.norm_adv_by_std_in_grpo": mc["norm_by_std"],
-            }
-        )
+        overrides.update(_grpo(job))
     if method == "retrieval_rl":
         overrides.update(_retrieval(job, seed, bank_path))
     if method == "skill_sd":
         overrides.update(_skill_sd(job, seed, model_path, prompt_len))
+    _refuse_sequence_mean_of_kept_groups(job, overrides)
     config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
     with initialize_config_dir(config_dir=config_dir, version_base=None):
         cfg = compose("ppo_trainer")
@@ -142,6 +144,39 @@ def main_ppo_config(
         for key, value in overrides.items():
             OmegaConf.update(cfg, key, value, merge=False)
     return cfg
+
+
+def _grpo(job: dict) -> dict:
+    """GRPO's advantage and clipped loss.  Dropping zero-variance groups runs on the suite's GRPO
+    trainer, whose token count is the kept groups' (:class:`.trainer.GRPOTrainer`; retrieval RL's
+    trainer does the same); verl normalises a sequence mean by the mini-batch's size whatever the
+    mask, so only the token mean matches the suite's loop there."""
+    from methods.verl_backend.plugin import ADV_ESTIMATOR, ADV_ESTIMATOR_KEEP
+    from methods.verl_backend.trainer import GRPO_TRAINER
+
+    mc = job["method_config"]
+    drop = bool(mc["drop_zero_variance"])
+    overrides = {
+        "actor_rollout_ref.actor.clip_ratio_low": mc["clip_low"],
+        "actor_rollout_ref.actor.clip_ratio_high": mc["clip_high"],
+        "actor_rollout_ref.actor.loss_agg_mode": mc["loss_agg"],
+        "algorithm.adv_estimator": ADV_ESTIMATOR if drop else ADV_ESTIMATOR_KEEP,
+        "algorithm.norm_adv_by_std_in_grpo": mc["norm_by_std"],
+    }
+    if drop:
+        overrides["trainer.v1.trainer_mode"] = GRPO_TRAINER  # retrieval RL's own trainer replaces it below
+    return overrides
+
+
+def _refuse_sequence_mean_of_kept_groups(job: dict, overrides: dict) -> None:
+    from methods.verl_backend.plugin import ADV_ESTIMATOR
+
+    agg = overrides.get("actor_rollout_ref.actor.loss_agg_mode")
+    if overrides.get("algorithm.adv_estimator") == ADV_ESTIMATOR and agg != "token-mean":
+        raise ValueError(
+            f"{job['method']}: loss_agg {agg!r} with drop_zero_variance has no verl path (verl divides a sequence "
+            "mean by the mini-batch's size, dropped groups included); use token-mean or keep the groups"
+        )
 
 
 #: the suite's divergences that verl's top-k distillation can give (the teacher's rows are its top-k)
@@ -191,41 +226,27 @@ def _no_teacher_pool(model_path: str | Path) -> dict:
     }
 
 
-def _distillation(job: dict, model_path: str | Path, prompt_len: int) -> dict:
-    """OPSD's settings: verl's on-policy distillation with the frozen base model as the teacher in
-    its own GPU pool, reading the privileged prompt (:mod:`.distill`), and no reward in the loss."""
-    mc, opts = job["method_config"], job.get("backend_options") or {}
-    if mc["teacher_source"] != "frozen":
-        raise ValueError(
-            f"{job['method']}: a {mc['teacher_source']!r} teacher follows the student's weights; verl's teacher "
-            "servers are frozen, so a teacher pool needs teacher_source 'frozen' (SDFT's EMA teacher lives in the "
-            "actor workers instead: docs/verl.md)"
-        )
-    return {
-        **_topk_distillation(job),
-        "distillation.n_gpus_per_node": int(opts.get("teacher_gpus", 1)),
-        "distillation.nnodes": 1,
-        f"{TEACHER}.model_path": str(model_path),
-        f"{TEACHER}.inference.tensor_model_parallel_size": 1,
-        f"{TEACHER}.inference.max_model_len": _teacher_context_length(job, model_path, prompt_len),
-        # vLLM skips its prefix cache for prompt log-probability requests anyway, and with the cache on
-        # such scores have been reported to depend on request order (vllm-project/vllm#42019, open)
-        f"{TEACHER}.inference.enable_prefix_caching": False,
-        # the teacher's top-k come at temperature 1; the worker tempers them to the student's (distill.py)
-        "lopd_bench.teacher_temperature": float(job["train"]["temperature"]),
-    }
+#: the teacher's EMA rate on verl for each weight source the reference model can hold (a
+#: ``student`` teacher would be the actor itself: no verl path)
+TEACHER_RATE = {"frozen": lambda mc: 0.0, "ema": lambda mc: float(mc["ema_rate"])}
 
 
 def _ema_teacher(job: dict, model_path: str | Path, prompt_len: int) -> dict:
-    """SDFT's settings: OPSD's loss (verl's top-k forward KL, no reward) and privileged prompt, with
-    the teacher an EMA of the student kept as the actor worker's reference model and scored by the
-    trainer after the rollouts (:class:`.trainer.EMATeacherTrainer`), in fp32 (the average's
-    updates are 1 % steps)."""
+    """OPSD's and SDFT's settings: verl's top-k forward KL with no reward, the teacher reading the
+    privileged prompt, kept as the actor worker's reference model and scored by the trainer after
+    the rollouts (:class:`.trainer.EMATeacherTrainer`), in fp32 (an EMA's updates are 1 % steps).
+    SDFT's teacher is an EMA of the student; OPSD's is the frozen base policy, which the reference
+    model is when loaded, kept at rate 0 (never moved, never saved: a resumed run loads it from
+    the base model again).  So OPSD runs on the student's GPUs, with the teacher's exact top-k
+    rows at the student's temperature."""
     from methods.verl_backend.trainer import EMA_TRAINER
 
     mc, opts = job["method_config"], job.get("backend_options") or {}
-    if mc["teacher_source"] != "ema":
-        raise ValueError(f"{job['method']}: the verl trainer for an EMA teacher needs teacher_source 'ema'")
+    if mc["teacher_source"] not in TEACHER_RATE:
+        raise ValueError(
+            f"{job['method']}: teacher_source {mc['teacher_source']!r} has no verl path (the reference model holds "
+            f"{' or '.join(map(repr, TEACHER_RATE))} weights)"
+        )
     return {
         **_topk_distillation(job),
         **_no_teacher_pool(model_path),
@@ -235,7 +256,7 @@ def _ema_teacher(job: dict, model_path: str | Path, prompt_len: int) -> dict:
         "trainer.v1.trainer_mode": EMA_TRAINER,
         "lopd_bench.teacher_in_trainer": True,
         "lopd_bench.ema_teacher": {
-            "rate": float(mc["ema_rate"]),
+            "rate": TEACHER_RATE[mc["teacher_source"]](mc),
             "topk": _distill_topk(job),
             # padded tokens per teacher forward (the rollout's log-prob budget per GPU by default)
             "max_tokens": int(opts.get("teacher_max_tokens", 16384)),

@@ -94,7 +94,10 @@ def global_scale(mask: torch.Tensor, agg: str, info: dict) -> float:
     dp = info.get("dp_size") or 1
     if agg == "token-mean":
         tokens = info.get("batch_num_tokens")
-        return float(mask.sum()) / tokens * dp if tokens is not None else float(dp)
+        if tokens is None:
+            return float(dp)
+        # a mini-batch whose every group was dropped (GRPOTrainer counts the kept tokens) adds nothing
+        return float(mask.sum()) / tokens * dp if tokens else 0.0
     if agg == "token-sum":
         return float(dp)
     seqs = info.get("global_batch_size")
@@ -184,17 +187,32 @@ def sampled_reverse_kl(config, distillation_config, model_output, data) -> tuple
     return per_token, {k: Metric(AggregationType.SUM, v) for k, v in sums.items()}
 
 
+def _ours(registered, fn) -> bool:
+    """``registered`` is ``fn`` or an earlier copy of it: this module run again (a second import after
+    one that failed half-way, e.g. verl's plugin loader meeting a circular import, or a reload)."""
+    return registered is fn or (
+        getattr(registered, "__module__", None) == fn.__module__
+        and getattr(registered, "__qualname__", None) == fn.__qualname__
+    )
+
+
 def register() -> None:
-    """Put the suite's functions into verl's registries (each name once; another function already
-    registered under one of the names is an error, raised by verl's own registries or here)."""
+    """Put the suite's functions into verl's registries (each name once; an earlier copy of this
+    module's own function is replaced; another function already registered under one of the names is
+    an error, raised by verl's own registries or here)."""
     for name, fn in ((ADV_ESTIMATOR, grpo_advantage), (ADV_ESTIMATOR_KEEP, grpo_advantage_keep)):
-        if core_algos.ADV_ESTIMATOR_REGISTRY.get(name) is not fn:
+        registered = core_algos.ADV_ESTIMATOR_REGISTRY.get(name)
+        if registered is not None and _ours(registered, fn):
+            core_algos.ADV_ESTIMATOR_REGISTRY[name] = fn
+        else:
             core_algos.register_adv_est(name)(fn)
     core_algos.register_policy_loss(POLICY_LOSS)(ppo_loss)
     registered = verl_distill.DISTILLATION_LOSS_REGISTRY.get(DISTILLATION_LOSS)
-    if registered is not None and registered is not sampled_reverse_kl:
+    if registered is not None and not _ours(registered, sampled_reverse_kl):
         raise ValueError(f"verl already has another distillation loss named {DISTILLATION_LOSS!r}")
-    if registered is None:
+    if registered is not None:
+        verl_distill.DISTILLATION_LOSS_REGISTRY[DISTILLATION_LOSS] = sampled_reverse_kl
+    else:
         settings = verl_distill.DistillationLossSettings(names=[DISTILLATION_LOSS], use_estimator=True)
         verl_distill.register_distillation_loss(settings)(sampled_reverse_kl)
 

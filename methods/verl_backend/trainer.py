@@ -1,9 +1,12 @@
-"""The suite's verl trainers: retrieval RL's (``trainer.v1.trainer_mode: lopd_bench_retrieval``),
-Skill-SD's (``lopd_bench_skill_sd``) and SDFT's (``lopd_bench_ema_teacher``).
+"""The suite's verl trainers: GRPO's (``trainer.v1.trainer_mode: lopd_bench_grpo_trainer``),
+retrieval RL's (``lopd_bench_retrieval``), Skill-SD's (``lopd_bench_skill_sd``) and the EMA
+teacher's (``lopd_bench_ema_teacher``: SDFT, and OPSD with the rate at 0).
 
-All three are verl's synchronous trainer (``PPOTrainerSync``).  SDFT's keeps an EMA teacher in
-the actor workers (:class:`EMATeacherTrainer`, :mod:`methods.verl_backend.ema`).  The other two
-add one per-run service that the agent loops reach by name, a Ray actor that grows with the
+All four are verl's synchronous trainer (``PPOTrainerSync``).  GRPO's and retrieval RL's count the
+tokens of a step's loss as the suite's loop does (:class:`_KeptTokens`): groups whose rewards are all
+equal leave the loss *and* its token count.  SDFT's and OPSD's keep their teacher in the actor
+workers (:class:`EMATeacherTrainer`, :mod:`methods.verl_backend.ema`).  Retrieval RL's and
+Skill-SD's add one per-run service that the agent loops reach by name, a Ray actor that grows with the
 run's own rollouts:
 
 * retrieval RL: the experience bank of :mod:`methods.verl_backend.bank`;
@@ -46,6 +49,8 @@ from .ema import EMATeacherWorker
 from .skills import skill_settings, start_skills
 
 __all__ = [
+    "GRPO_TRAINER",
+    "GRPOTrainer",
     "TRAINER",
     "SKILL_TRAINER",
     "EMA_TRAINER",
@@ -57,6 +62,7 @@ __all__ = [
     "EMA_TEACHER_DIR",
 ]
 
+GRPO_TRAINER = "lopd_bench_grpo_trainer"
 TRAINER = "lopd_bench_retrieval"
 SKILL_TRAINER = "lopd_bench_skill_sd"
 EMA_TRAINER = "lopd_bench_ema_teacher"
@@ -90,6 +96,52 @@ def _as_sync(config) -> None:
     """Set ``trainer_mode`` back to ``sync`` before verl reads it (module docstring)."""
     with open_dict(config):
         config.trainer.v1.trainer_mode = "sync"
+
+
+class _KeptTokens:
+    """A trainer whose loss normalises over the tokens of the groups that carry a signal.
+
+    The suite's estimator (``algorithm.adv_estimator: lopd_bench_grpo``, :mod:`.plugin`) clears
+    the zero-variance groups' rows of ``response_mask``, and verl's v1 trainer writes that mask back
+    (rollout correction on, as the generated configs keep it).  But verl's engine counts the
+    mini-batch's tokens from a second field, ``loss_mask``, which the agent loop wrote once as a copy
+    of the rollout's response mask and nothing rewrites (``FSDPEngine.forward_backward_batch``:
+    ``batch_num_tokens = data["loss_mask"].sum()``).  The token mean would then run over every
+    rollout's tokens, the dropped ones included: on a batch where half the groups carry no signal the
+    gradient would be half the suite's.  After the advantage this trainer writes the cleared mask to
+    ``loss_mask`` too, so the count is the kept tokens', as in the suite's loop."""
+
+    def _check_kept_tokens(self, config) -> None:
+        from methods.verl_backend.plugin import ADV_ESTIMATOR
+
+        self._drops_groups = config.algorithm.adv_estimator == ADV_ESTIMATOR
+        correction = config.algorithm.get("rollout_correction")
+        if self._drops_groups and (correction is None or correction.get("bypass_mode")):
+            raise ValueError(
+                f"adv_estimator {ADV_ESTIMATOR} needs algorithm.rollout_correction on and not bypassed: verl writes "
+                "the estimator's response_mask back for the loss only then"
+            )
+
+    def _compute_advantage(self, batch, metrics: dict):
+        batch = super()._compute_advantage(batch, metrics)
+        if self._drops_groups:
+            import transfer_queue as tq
+            from tensordict import TensorDict
+
+            mask = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["response_mask"])
+            kept = TensorDict({"loss_mask": mask["response_mask"]}, batch_size=len(batch.keys))
+            tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=kept)
+        return batch
+
+
+@_register(GRPO_TRAINER)
+class GRPOTrainer(_KeptTokens, PPOTrainerSync):
+    """GRPO: verl's synchronous trainer, its loss normalised over the kept groups' tokens."""
+
+    def __init__(self, config):
+        self._check_kept_tokens(config)
+        _as_sync(config)
+        super().__init__(config)
 
 
 class _ServiceTrainer(PPOTrainerSync):
@@ -139,12 +191,17 @@ class _ServiceTrainer(PPOTrainerSync):
 
 
 @_register(TRAINER)
-class RetrievalTrainer(_ServiceTrainer):
-    """Retrieval RL: verl's synchronous trainer with the run's experience bank."""
+class RetrievalTrainer(_KeptTokens, _ServiceTrainer):
+    """Retrieval RL: verl's synchronous trainer with the run's experience bank, its loss normalised
+    over the kept groups' tokens as GRPO's."""
 
     MODE, FILE, WHAT = TRAINER, BANK_FILE, "experience bank"
     settings = staticmethod(retrieval_settings)
     start = staticmethod(start_bank)
+
+    def __init__(self, config):
+        self._check_kept_tokens(config)
+        super().__init__(config)
 
 
 @contextlib.contextmanager
@@ -268,15 +325,18 @@ def _refuse_unpaired_teacher(config) -> None:
 
 @_register(EMA_TRAINER)
 class EMATeacherTrainer(_OwnTeacher, PPOTrainerSync):
-    """SDFT: verl's synchronous trainer whose distillation teacher is an EMA of the student, kept
-    as the actor worker's reference model (:mod:`methods.verl_backend.ema`).  Each step
+    """SDFT and OPSD: verl's synchronous trainer whose distillation teacher is kept as the actor
+    worker's reference model (:mod:`methods.verl_backend.ema`): an EMA of the student (SDFT), or
+    at rate 0 the frozen base policy that the reference model is when loaded (OPSD).  Each step
 
     * after the rollouts, scores every rollout's *teacher prompt + response* on the teacher (in
-      place of verl's reference log-probabilities, which no SDFT loss reads) and writes the top-k
-      rows where verl's distillation loss reads them (``teacher_ids``, ``teacher_logprobs``, on
-      the student's sequence layout);
-    * after the update, moves the teacher toward the student (``lopd_bench.ema_teacher.rate``);
-    * saves the teacher with each checkpoint (before verl marks it complete) and loads it on resume.
+      place of verl's reference log-probabilities, which no distillation loss here reads) and
+      writes the top-k rows where verl's distillation loss reads them (``teacher_ids``,
+      ``teacher_logprobs``, on the student's sequence layout);
+    * after the update, moves the teacher toward the student (``lopd_bench.ema_teacher.rate``;
+      nothing at rate 0);
+    * saves the teacher with each checkpoint (before verl marks it complete) and loads it on resume
+      (at rate 0 neither: the base model is the teacher, and verl loads it again on resume).
     """
 
     MODE = EMA_TRAINER
@@ -287,6 +347,7 @@ class EMATeacherTrainer(_OwnTeacher, PPOTrainerSync):
         if not settings:
             raise ValueError(f"trainer_mode {EMA_TRAINER} needs lopd_bench.ema_teacher (rate, topk, max_tokens)")
         self.ema = dict(settings)
+        self.frozen = float(self.ema["rate"]) == 0.0  # OPSD's teacher: the base model as loaded
         _refuse_unpaired_teacher(config)
         _as_sync(config)
         super().__init__(config)
@@ -315,7 +376,7 @@ class EMATeacherTrainer(_OwnTeacher, PPOTrainerSync):
     def on_init_end(self):
         super().on_init_end()
         self.actor_rollout_wg.check_teacher()  # the shards pair up, before a step's rollouts are spent
-        if self.global_steps > 0:  # resumed: the teacher as it was saved with this checkpoint
+        if self.global_steps > 0 and not self.frozen:  # resumed: the teacher as it was saved with this checkpoint
             folder = self.teacher_folder(self.global_steps)
             if not os.path.isdir(folder):
                 raise FileNotFoundError(f"{folder}: the checkpoint has no EMA teacher to resume from")
@@ -352,10 +413,12 @@ class EMATeacherTrainer(_OwnTeacher, PPOTrainerSync):
 
     def _update_actor(self, batch, metrics: dict):
         batch = super()._update_actor(batch, metrics)
-        self.actor_rollout_wg.ema_update(float(self.ema["rate"]))
+        if not self.frozen:
+            self.actor_rollout_wg.ema_update(float(self.ema["rate"]))
         return batch
 
     def _save_checkpoint(self):
         # the teacher first: verl marks the checkpoint complete as its last act
-        self.actor_rollout_wg.save_teacher(self.teacher_folder(self.global_steps))
+        if not self.frozen:
+            self.actor_rollout_wg.save_teacher(self.teacher_folder(self.global_steps))
         super()._save_checkpoint()

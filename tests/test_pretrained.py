@@ -42,7 +42,7 @@ def test_gguf_round_trip_keeps_logits_tokens_and_chat_template(smollm2, tmp_path
     model, tok = load_policy(out)
     assert tok.chat_template == tokenizer.chat_template
     # a prompt other than the conversion's own check: a task rendered in the model's chat template
-    messages = [{"role": "user", "content": "def add(a, b):\n    \"\"\"Return a + b.\"\"\"\n"}]
+    messages = [{"role": "user", "content": 'def add(a, b):\n    """Return a + b."""\n'}]
     kw = {"add_generation_prompt": True, "return_tensors": "pt", "return_dict": True}
     ids = tok.apply_chat_template(messages, **kw)["input_ids"]
     assert torch.equal(ids, tokenizer.apply_chat_template(messages, **kw)["input_ids"])
@@ -220,28 +220,3 @@ def test_a_journal_is_bound_to_the_model_files_bytes_not_to_their_path_or_times(
         shutil.copytree(a, c)
         (c / name).write_bytes((c / name).read_bytes() + b" ")
         assert _model_identity(c, "cpu", "torch.float32") != _model_identity(a, "cpu", "torch.float32"), name
-
-
-def test_device_check_refuses_without_a_gpu_and_reports_run_summaries(tmp_path):
-    """benchmarks/device_check.sh (a GPU check of the real profile): on this CPU machine it says it
-    needs a GPU; its report turns run summaries into rollouts/s over training time and peak memory."""
-    import os
-    import subprocess
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    script = root / "benchmarks" / "device_check.sh"
-    env = dict(os.environ, OUT=str(tmp_path), RUNS_DIR=str(tmp_path / "runs"))
-    if not torch.cuda.is_available():
-        out = subprocess.run([script], env=env, capture_output=True, text=True, timeout=120)
-        assert out.returncode != 0 and "no CUDA device" in out.stderr
-    run = tmp_path / "runs" / "code" / "lopd" / "seed0"
-    run.mkdir(parents=True)
-    ledger = {"rollouts": 128, "wall_s": 100.0, "eval_wall_s": 36.0, "generated_tokens": 32000}
-    summary = {"method": "lopd", "domain": "code", "ledger": ledger, "final": {"heldout_reward": 0.25}}
-    (run / "summary.json").write_text(json.dumps(dict(summary, cuda_peak_memory_gib=5.5)))
-    out = subprocess.run([script, "--report"], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    (row,) = json.loads((tmp_path / "device_check.json").read_text())
-    assert row["rollouts_per_s"] == 2.0 and row["generated_tokens_per_s"] == 500.0  # over the 64 s of training
-    assert row["cuda_peak_memory_gib"] == 5.5 and "2.0 rollouts/s" in out.stdout

@@ -702,6 +702,45 @@ def test_main_ppo_config_refuses_what_verl_cannot_run_yet(small_job, tmp_path):
     assert main_ppo_config(seq_mean, 0, **kw).trainer.v1.trainer_mode == "sync"
 
 
+def test_a_methods_verl_path_is_its_adapter(small_job, tmp_path):
+    """The backend asks the adapter registry: a method without an adapter is refused with the list of
+    those that have one; one adapter class registered gives a method its verl path, its settings
+    after the shared ones, its trainer and agent-loop manager; a second adapter for a name is refused."""
+    from methods.verl_backend import adapters
+    from methods.verl_backend.launch import main_ppo_config
+
+    kw = {"model_path": "m", "data_dir": tmp_path, "run_dir": tmp_path}
+    with pytest.raises(ValueError, match=r"'sdpo' has no verl path yet \(supported: grpo, retrieval_rl, opsd"):
+        main_ppo_config(dict(small_job, method="sdpo"), 0, **kw)
+
+    class Toy(adapters.GRPOAdapter):
+        method = "toy_grpo"
+        agent_loop_manager = "some.module.Manager"
+        run_file_fields = {"toy": "toy/metric"}
+
+        def overrides(self, job, seed, ctx):
+            return {**super().overrides(job, seed, ctx), "lopd_bench.toy": seed}
+
+        def trainer_mode(self, job):
+            return "sync"
+
+    try:
+        adapters.register_adapter(Toy)
+        assert "toy_grpo" in adapters.supported_methods()
+        cfg = main_ppo_config(dict(small_job, method="toy_grpo"), 7, **kw)
+        assert cfg.lopd_bench.toy == 7 and cfg.trainer.v1.trainer_mode == "sync"
+        assert cfg.actor_rollout_ref.rollout.agent.agent_loop_manager_class == "some.module.Manager"
+        assert cfg.trainer.experiment_name == "code-toy_grpo-seed7"  # the shared settings, too
+
+        class Other(adapters.GRPOAdapter):
+            method = "toy_grpo"
+
+        with pytest.raises(ValueError, match="already has a verl adapter"):
+            adapters.register_adapter(Other)
+    finally:
+        adapters.ADAPTERS.pop("toy_grpo", None)
+
+
 # --------------------------------------------------------------------------- backend: verl profiles
 def _suite_config():
     return yaml.safe_load((ROOT / "config" / "config.yaml").read_text())

@@ -16,17 +16,16 @@ What exists so far (``docs/verl.md`` tracks the rest):
 * :mod:`.ema` -- OPSD's and SDFT's teacher: verl's reference model in the actor worker, an EMA of
   the student (SDFT) or the frozen base policy (OPSD, rate 0), scored by the trainer's EMA-teacher
   variant after each step's rollouts.
+* :mod:`.adapters` -- each method's verl path: its settings, trainer, agent-loop manager and
+  run-file fields, one adapter per method in one registry.
 * :mod:`.launch` and :mod:`.metrics` -- a job's ``main_ppo`` config, and the suite's run files
   from a finished verl run.
 
 Nothing here imports verl at package import: ``methods.verl_backend.export`` runs without it.
 """
 
-#: methods with a verl path (a ``backend: verl`` profile accepts only these; ``docs/verl.md``)
-SUPPORTED_METHODS = ("grpo", "retrieval_rl", "opsd", "sdft", "skill_sd")
-#: the distilling methods among them, and the privileged context their teacher reads
-TEACHER_CONTEXT = {"opsd": "expert", "sdft": "expert", "skill_sd": "skill"}
-#: those whose teacher is kept in the actor workers as verl's reference model (:mod:`.ema`): an EMA
-#: of the student (SDFT) or, at rate 0, the frozen base policy (OPSD); Skill-SD's teacher is the
-#: student itself, scored on the run's rollout servers.  No method needs GPUs beyond the student's.
-EMA_TEACHER = ("opsd", "sdft")
+from methods.verl_backend.adapters import supported_methods
+
+#: methods with a verl path, one adapter each (:mod:`.adapters`; a ``backend: verl`` profile accepts
+#: only these; ``docs/verl.md``)
+SUPPORTED_METHODS = supported_methods()

@@ -34,13 +34,7 @@ TRAIN_FIELDS = {
     "train_gen_tokens": "response_length/mean",
     "approx_kl": "actor/ppo_kl",
     "clipfrac": "actor/pg_clipfrac",
-    "bank_added": "bank/added",  # retrieval RL's trainer (methods/verl_backend/trainer.py)
-    "bank_size": "bank/size",
-    "skills": "skills/size",  # Skill-SD's trainer (methods/verl_backend/trainer.py), as the suite's loop logs them
-    "skills_added": "skills/added",
-    "skill_share": "skills/share",
-    "signal_share": "teacher/signal_share",  # SDFT's trainer: the rollouts whose teacher read the privileged prompt
-}
+}  # and each method's own (its adapter's run_file_fields: methods/verl_backend/adapters.py)
 #: the sampled reverse KL's metrics (methods/verl_backend/plugin.py), each a sum over the step's
 #: tokens, so that their ratios are token means however verl splits the step
 KL_SUM, TAUGHT_TOKENS, RESPONSE_TOKENS = (
@@ -100,13 +94,15 @@ def _logs(verl_log) -> list[Path]:
     return sorted(Path(p) for p in paths)
 
 
-def train_records(verl_log, rollouts_per_step: int) -> list[dict]:
+def train_records(verl_log, rollouts_per_step: int, fields: dict[str, str] | None = None) -> list[dict]:
     """One suite train record per step verl logged, over every attempt's log (``verl_log``: one
-    path or several; the last line of a step wins: a resumed run logs its step again)."""
+    path or several; the last line of a step wins: a resumed run logs its step again).  ``fields``
+    are the method's own (suite field <- verl metric), beside :data:`TRAIN_FIELDS`."""
+    fields = {**TRAIN_FIELDS, **(fields or {})}
     by_step: dict[int, dict] = {}
     for line in (line for path in _logs(verl_log) for line in _lines(path)):
         data = line.get("data", {})
-        if not any(k in data for k in TRAIN_FIELDS.values()):
+        if not any(k in data for k in fields.values()):
             continue  # a validation-only line
         by_step[int(line["step"])] = data
     records, wall = [], 0.0
@@ -114,7 +110,7 @@ def train_records(verl_log, rollouts_per_step: int) -> list[dict]:
         data = by_step[step]
         wall += float(data.get("timing_s/step", 0.0))
         rec = {"kind": "train", "step": step, "rollouts": step * rollouts_per_step, "wall_s": round(wall, 3)}
-        rec.update({ours: float(data[theirs]) for ours, theirs in TRAIN_FIELDS.items() if theirs in data})
+        rec.update({ours: float(data[theirs]) for ours, theirs in fields.items() if theirs in data})
         rec.update(
             {
                 ours: float(data[num]) / float(data[den])
@@ -149,7 +145,9 @@ def write_run_files(
         for rec in evals:
             rec["heldout_domain_version"] = heldout.version
         heldout.close()
-    trains = train_records(verl_log, rollouts_per_step)
+    from methods.verl_backend.adapters import adapter_for
+
+    trains = train_records(verl_log, rollouts_per_step, adapter_for(method).run_file_fields)
     if not evals or evals[-1]["rollouts"] != budget:
         last = evals[-1]["rollouts"] if evals else "none"
         raise ValueError(

@@ -42,6 +42,7 @@ from omegaconf import open_dict
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
+from .adapters import EMA_TRAINER, GRPO_TRAINER, RETRIEVAL_TRAINER, SKILL_TRAINER
 from .agent_loop import TEACHER_PROMPT
 from .bank import SECTION, retrieval_settings, start_bank
 from .distill import align_to_student
@@ -62,10 +63,7 @@ __all__ = [
     "EMA_TEACHER_DIR",
 ]
 
-GRPO_TRAINER = "lopd_bench_grpo_trainer"
-TRAINER = "lopd_bench_retrieval"
-SKILL_TRAINER = "lopd_bench_skill_sd"
-EMA_TRAINER = "lopd_bench_ema_teacher"
+TRAINER = RETRIEVAL_TRAINER
 EMA_TEACHER_DIR = "lopd_bench_ema_teacher"
 BANK_FILE = "lopd_bench_bank.pt"
 SKILLS_FILE = "lopd_bench_skills.json"

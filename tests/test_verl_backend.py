@@ -1132,3 +1132,22 @@ def test_the_verl_gpu_check_prepares_each_method_up_to_launching_verl(tmp_path):
         assert (tmp_path / method / "data" / "train.parquet").exists()
         assert cfg.distillation.enabled == (method != "grpo")
     assert json.loads((tmp_path / "model" / "config.json").read_text())["num_hidden_layers"] == 4
+
+
+@pytest.mark.slow  # 25 configs composed
+def test_the_config_dump_writes_every_methods_config_on_each_profile(tmp_path):
+    """benchmarks/verl_configs.py, the check that a refactor leaves the generated configs unchanged."""
+    import importlib.util
+
+    from omegaconf import OmegaConf
+
+    from methods.verl_backend import SUPPORTED_METHODS
+
+    spec = importlib.util.spec_from_file_location("verl_configs", ROOT / "benchmarks" / "verl_configs.py")
+    dump = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dump)
+    dump.main(["--out", str(tmp_path)])
+    files = sorted(tmp_path.glob("*.yaml"))
+    assert len(files) == 5 * len(SUPPORTED_METHODS)
+    cfg = OmegaConf.load(tmp_path / "real-verl-code-opsd.yaml")
+    assert cfg.trainer.experiment_name == "code-opsd-seed1" and cfg.lopd_bench.ema_teacher.rate == 0.0

@@ -40,10 +40,10 @@ What stands in for what the lent machines lack (printed, and in the JSON's ``sta
   the worker base class: ``rank`` and ``world_size``), and the FSDP wrapping is verl 0.9.1's,
   re-stated here (``verl/workers/engine/fsdp/transformer_impl.py``, ``_build_fsdp_module``).
 
-And two changes to what is run, both said in the output: SmolLM2's tokenizer gains ``<|latent|>``
-(LOPD's composer needs it and SmolLM2's has none: the real profile's LOPD fails on the converted
-model as it stands), and GRPO keeps its zero-variance groups (``drop_zero_variance`` false: random
-weights score 0 everywhere, and GRPO would skip its update; kept, the update's cost is a full step's).
+And one change to what is run, said in the output: GRPO keeps its zero-variance groups
+(``drop_zero_variance`` false: random weights score 0 everywhere, and GRPO would skip its update;
+kept, the update's cost is a full step's).  SmolLM2's tokenizer has no ``<|latent|>``; LOPD's
+composer adds it to the tokenizer (past the embedding table, never looked up), as on the real model.
 
 ``--stand-ins auto`` (default) uses faiss and MiniLM where they are installed; ``always`` uses the
 stand-ins everywhere (the test does, as on the lent machines).  Exit status 1 when a part failed.
@@ -256,15 +256,10 @@ def build_policy(config_kw: dict, tokenizer_dir: Path, out: Path) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from methods.core.policy import load_tokenizer, save_policy
-    from methods.core.tokenizer import LATENT
 
+    # SmolLM2's tokenizer has no <|latent|>: LOPD's composer adds it to its tokenizer itself
+    # (methods/lopd/composer.py, placeholder_id), as it does on the converted model
     tokenizer = load_tokenizer(tokenizer_dir)
-    added = []
-    if tokenizer.convert_tokens_to_ids(LATENT) in (None, tokenizer.unk_token_id):
-        # LOPD's composer marks the teacher's latent span with it and refuses a tokenizer without it
-        # (methods/lopd/composer.py); the suite's own tokenizers have it, SmolLM2's has not
-        tokenizer.add_tokens([LATENT], special_tokens=True)
-        added.append(LATENT)
     kw = {k: v for k, v in config_kw.items() if k not in ("architectures", "model_type", "transformers_version")}
     if len(tokenizer) > kw["vocab_size"]:
         kw["vocab_size"] = len(tokenizer)
@@ -278,7 +273,6 @@ def build_policy(config_kw: dict, tokenizer_dir: Path, out: Path) -> dict:
         "parameters": sum(p.numel() for p in model.parameters()),
         "vocab_size": config.vocab_size,
         "tokenizer_tokens": len(tokenizer),
-        "added_tokens": added,
         "layers": config.num_hidden_layers,
         "hidden_size": config.hidden_size,
     }
@@ -397,13 +391,6 @@ def train_part(args, work: Path, cuda: bool, notes: dict, save) -> list[dict]:
     policy["source"] = described
     policy["tokenizer"] = str(tok_dir.relative_to(ROOT) if tok_dir.is_relative_to(ROOT) else tok_dir)
     log(f"policy: {described}; {policy['parameters']:,} parameters, random weights, vocabulary {policy['vocab_size']}")
-    if policy["added_tokens"]:
-        installed["tokenizer"] = (
-            f"{policy['tokenizer']} plus {', '.join(policy['added_tokens'])} (vocabulary {policy['vocab_size']}): LOPD's "
-            "composer refuses a tokenizer without it, and SmolLM2's has none, so the real profile's LOPD fails on the "
-            "converted model as it stands"
-        )
-        notes.update(installed)
     for name, note in installed.items():
         log(f"{name}: {note}")
     device = "cuda" if cuda else "cpu"

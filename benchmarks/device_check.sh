@@ -36,7 +36,7 @@
 #   shape with random weights through the policy's tokenizer; the seeded bank -> the code domain's expert
 #   trajectories of 64 training tasks (the real profile seeds none); LOPD's cold start -> the suite's own
 #   at 2 steps (not 300); verl -> stand-ins of the three names ema.py imports from it, and verl's FSDP
-#   wrapping re-stated; SmolLM2's tokenizer gains <|latent|> (LOPD's composer needs it; SmolLM2 has none);
+#   wrapping re-stated;
 #   GRPO keeps its zero-variance groups (random weights score 0 everywhere, and GRPO would skip its update).
 #
 # On a lent machine, with the `run` tool (repository root; what is under $OUT comes back):

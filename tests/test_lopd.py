@@ -250,6 +250,45 @@ def test_the_latents_replace_exactly_the_placeholder_span(lopd_run):
         comp.teacher_logits(x, attn, m_t, [lat_a], [start + 1])
 
 
+def test_a_tokenizer_without_the_placeholder_gets_it_as_an_added_special_token():
+    """A pretrained model's tokenizer (SmolLM2's) has no ``<|latent|>``: the composer adds it to the
+    tokenizer only, once, and it then encodes as one token (its id past the vocabulary)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from methods.core.tokenizer import LATENT
+    from methods.lopd.composer import placeholder_id
+
+    words = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 1, "world": 2}, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]")
+    assert tok.convert_tokens_to_ids(LATENT) == tok.unk_token_id  # not there: it reads as unknown
+    tid = placeholder_id(tok)
+    assert tid == 3 and len(tok) == 4
+    assert tok.encode(f"hello {LATENT} world", add_special_tokens=False) == [1, 3, 2]
+    assert placeholder_id(tok) == tid and len(tok) == 4  # idempotent
+
+
+def test_a_placeholder_id_past_the_embedding_table_is_never_looked_up(lopd_run):
+    """The teacher's forward replaces the placeholder span by the latents before the backbone runs, so
+    a placeholder whose id lies past the embedding table (a pretrained tokenizer's added token)
+    gives exactly the logits of one inside it."""
+    m = _method(lopd_run, n_latents=4, n_retrieve=1)
+    comp = m.composer
+    task = lopd_run.domain.tasks("train", 1)[0]
+    tail = lopd_run.encoder.encode("> call")
+    ids, mask, start = comp.teacher_sequence(lopd_run.domain, task, 4, tail, [1] * len(tail))
+    x = torch.tensor([ids])
+    attn, m_t = torch.ones_like(x), torch.tensor([mask[1:]], dtype=torch.float32)
+    lat = torch.randn(4, lopd_run.model.config.hidden_size)
+    inside = comp.teacher_logits(x, attn, m_t, [lat], [start])
+    past = comp.backbone.get_input_embeddings().num_embeddings + 7
+    x_past = x.clone()
+    x_past[0, start : start + 4] = past
+    comp.latent_id = past
+    torch.testing.assert_close(comp.teacher_logits(x_past, attn, m_t, [lat], [start]), inside, rtol=0, atol=0)
+
+
 def test_a_composer_step_moves_phi_only(lopd_run):
     """After prepare -> student step -> composer step: LoRA and Q-Former changed, the teacher's
     backbone is bit-identical, and the composer loss never touched the student."""

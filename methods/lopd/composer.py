@@ -107,6 +107,21 @@ class QFormer(nn.Module):
         return self.norm_out(self.proj(lat))
 
 
+def placeholder_id(tok) -> int:
+    """The id of the teacher's latent placeholder (``<|latent|>``) in ``tok``.  The suite's own
+    tokenizers carry it; a pretrained model's (SmolLM2's) does not, and gets it here as an added
+    special token, the tokenizer only: its id may then lie past the model's embedding table, which the
+    teacher's forward never looks it up in (the latents replace those positions), and the student,
+    whose prompts never hold it, can neither see nor sample it."""
+    from transformers import AddedToken
+
+    tid = tok.convert_tokens_to_ids(LATENT)
+    if tid is None or tid == tok.unk_token_id:
+        tok.add_tokens([AddedToken(LATENT, special=True, normalized=False)], special_tokens=True)
+        tid = tok.convert_tokens_to_ids(LATENT)
+    return tid
+
+
 class LatentComposer(nn.Module):
     """Frozen warm-start copy + LoRA + Q-Former; composes latents and runs the latent-conditioned teacher."""
 
@@ -134,9 +149,7 @@ class LatentComposer(nn.Module):
         rms = float(emb.detach().pow(2).mean().sqrt())
         self.latent_rms = rms  # the latents' scale (the reference's are unit-scale)
         self.qformer = QFormer(d, d, n_latents, qformer_layers, qformer_heads, out_scale=rms)
-        self.latent_id = encoder.tok.convert_tokens_to_ids(LATENT)
-        if self.latent_id is None or self.latent_id == encoder.tok.unk_token_id:
-            raise ValueError(f"the tokenizer has no {LATENT} token for the teacher's latent span")
+        self.latent_id = placeholder_id(encoder.tok)
         self.model.eval()  # no dropout anywhere; the frozen backbone is never in training mode
         self.phi_names = [n for n, p in self.named_parameters() if p.requires_grad]  # LoRA + Q-Former
 
@@ -229,12 +242,13 @@ class LatentComposer(nn.Module):
         ``starts[b] .. starts[b] + n_b`` (the placeholder span of
         :meth:`teacher_sequence`); gradients flow to the latents, never to the backbone."""
         base = self.backbone
-        embeds = base.get_input_embeddings()(ids)
         where = torch.zeros_like(ids, dtype=torch.bool)
         for b, (x, s0) in enumerate(zip(latents, starts)):
             where[b, s0 : s0 + x.shape[0]] = True
         if not bool((ids[where] == self.latent_id).all()) or int(where.sum()) != sum(int(x.shape[0]) for x in latents):
             raise ValueError("the latents do not line up with the teacher sequences' placeholder spans")
+        # the placeholder's own embedding is never read (its id may lie past the table: placeholder_id)
+        embeds = base.get_input_embeddings()(ids.masked_fill(where, 0))
         if int(where.sum()):
             embeds = embeds.masked_scatter(
                 where.unsqueeze(-1), torch.cat([x for x in latents if x.shape[0]]).to(embeds.dtype)

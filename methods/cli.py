@@ -555,7 +555,9 @@ def cmd_coldstart(args) -> None:
         raise SystemExit(f"error: method {job['method']} has no cold start (needs_cold_start is False)")
     cfg = make_config(cls.Config, job["method_config"], f"methods.{job.get('run_name', job['method'])}")
     if cfg.cold_start_key() is None:
-        raise SystemExit(f"error: {job.get('run_name', job['method'])} needs no cold start (its cold_start_key is None)")
+        raise SystemExit(
+            f"error: {job.get('run_name', job['method'])} needs no cold start (its cold_start_key is None)"
+        )
     domain = get_domain(job["domain"], seed=job["task_seed"], **job["domain_options"])
     backbone, tokenizer = load_policy(Path(args.warmstart) / "model", device=args.device)
     encoder = ChatEncoder(tokenizer)

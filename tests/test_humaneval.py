@@ -31,7 +31,9 @@ def test_every_canonical_solution_passes_as_a_whole_function_or_a_body(domain):
     fenced whole functions (the expert's action) and bare bodies (a completion of the prompt)."""
     assert "humaneval" in known_domains() and len(load_problems()) == 164
     whole = _scores(domain, lambda tasks, eps: [ep.expert_action() for ep in eps])
-    assert len(whole) == 164 and all(r == 1.0 for r, _ in whole.values()), {k: f for k, (r, f) in whole.items() if r < 1}
+    assert len(whole) == 164 and all(r == 1.0 for r, _ in whole.values()), {
+        k: f for k, (r, f) in whole.items() if r < 1
+    }
     bodies = {p["task_id"]: p["canonical_solution"] for p in load_problems()}
     body = _scores(domain, lambda tasks, eps: [bodies[t.task_id] for t in tasks])
     assert all(r == 1.0 for r, _ in body.values()), {k: f for k, (r, f) in body.items() if r < 1}

@@ -9,6 +9,8 @@ import ast
 import dataclasses
 from pathlib import Path
 
+import pytest
+
 from methods.core import registry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,3 +60,15 @@ def test_the_core_names_no_field_of_a_methods_own_config():
     for path in CORE_FILES:
         named = own & _string_constants(path)
         assert not named, f"{path.relative_to(ROOT)} names fields of a method's own config: {sorted(named)}"
+
+
+def test_the_code_is_formatted_as_ruff_formats_it():
+    """The house style checks itself in the quick loop too, not only in CI (.ci/run)."""
+    import shutil
+    import subprocess
+
+    ruff = shutil.which("ruff")
+    if ruff is None:
+        pytest.skip("ruff is not installed (the test extra pins it)")
+    out = subprocess.run([ruff, "format", "--check", "."], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]

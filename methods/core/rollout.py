@@ -51,8 +51,6 @@ class Rollout:
         return self.agent_mask.index(1) if 1 in self.agent_mask else len(self.ids)
 
 
-
-
 def _left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)

@@ -53,7 +53,10 @@ class ToolUseDomain(TaskDomain):
         if count < 1000:  # a test split builds in 0.05 s; the cache is for the 5,000-task training split
             return [make_task(self.seed, split, i) for i in range(count)]
         return cached(
-            "tooluse_tasks", (self.seed, split, count), _SOURCES, lambda: [make_task(self.seed, split, i) for i in range(count)]
+            "tooluse_tasks",
+            (self.seed, split, count),
+            _SOURCES,
+            lambda: [make_task(self.seed, split, i) for i in range(count)],
         )
 
     def reset(self, task: Task) -> Episode:

@@ -2,7 +2,8 @@
 run's measured compute.
 
     python -m analysis.compute --runs results/small/runs/*/*/seed*/summary.json \\
-        --out-csv results/small/compute.csv --out-md results/small/compute.md --out-png results/small/figures/compute.png
+        --out-csv results/small/compute.csv --out-md results/small/compute.md \\
+        --out-png results/small/figures/compute.png
 
 Budgets match in student rollouts by construction, but a step of one method may
 cost several of another's (LOPD composes latents and runs a second network).
@@ -104,14 +105,18 @@ def to_markdown(df: pd.DataFrame) -> str:
     lines = [
         "# Compute-matched view: final held-out reward and what each method spent to reach it (mean over RL seeds)",
         "",
-        "Training wall time excludes held-out evaluations; token passes count every token through a network in a forward or backward pass (student sampling and training, teacher, composer).",
+        (
+            "Training wall time excludes held-out evaluations; token passes count every token through a network "
+            "in a forward or backward pass (student sampling and training, teacher, composer)."
+        ),
         "",
         "| domain | method | held-out reward | train time (s) | × GRPO | token passes (M) | × GRPO |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in df.to_dict("records"):
         lines.append(
-            f"| {domain_name(r['domain'])} | {display(r['method'])} | {r['heldout_reward']:.3f} | {r['train_s']:.0f} | {r['train_s_vs_grpo']:.2f} | {r['token_passes'] / 1e6:.1f} | {r['token_passes_vs_grpo']:.2f} |"
+            f"| {domain_name(r['domain'])} | {display(r['method'])} | {r['heldout_reward']:.3f} | {r['train_s']:.0f} | "
+            f"{r['train_s_vs_grpo']:.2f} | {r['token_passes'] / 1e6:.1f} | {r['token_passes_vs_grpo']:.2f} |"
         )
     return "\n".join(lines) + "\n"
 

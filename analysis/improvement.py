@@ -89,7 +89,11 @@ def to_markdown(df: pd.DataFrame) -> str:
     m = display(df.method.iloc[0])
     domains = [d for d in dict.fromkeys(df.domain) if d != "all"] + (["all"] if "all" in set(df.domain) else [])
     lines = [
-        f"# Probability of improvement of {m} over each method (final held-out reward; 95 % stratified bootstrap CI over seeds; in brackets after it: the share of seeds where it beat the baseline from the same warm start)",
+        (
+            f"# Probability of improvement of {m} over each method (final held-out reward; 95 % stratified "
+            "bootstrap CI over seeds; in brackets after it: the share of seeds where it beat the baseline "
+            "from the same warm start)"
+        ),
         "",
         "| baseline | " + " | ".join("all domains" if d == "all" else domain_name(d) for d in domains) + " |",
         "|---|" + "---|" * len(domains),

@@ -205,7 +205,8 @@ def paragraph(df: pd.DataFrame, domain: str, method: str = "lopd", control: str 
     )
     if "beta_positive_share" in v:
         parts.append(
-            f"β was positive on {f(v.get('beta_positive_share'), False)} of steps (final {f(v.get('beta_final'), False)}), "
+            f"β was positive on {f(v.get('beta_positive_share'), False)} of steps "
+            f"(final {f(v.get('beta_final'), False)}), "
             f"with Δ − m averaging {f(v.get('delta_minus_margin'))}."
         )
     parts.append(

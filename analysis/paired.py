@@ -65,7 +65,10 @@ def paired(fin: pd.DataFrame, baselines: tuple[str, ...] = ("grpo", "vanilla")) 
 
 def to_markdown(df: pd.DataFrame) -> str:
     lines = [
-        "# Paired differences: method minus baseline, same RL seed (held-out reward, mean and 95 % bootstrap CI over seeds)",
+        (
+            "# Paired differences: method minus baseline, same RL seed (held-out reward, mean and 95 % bootstrap CI "
+            "over seeds)"
+        ),
         "",
         "| domain | method | minus | difference | 95 % CI | seeds |",
         "|---|---|---|---|---|---|",
@@ -73,7 +76,8 @@ def to_markdown(df: pd.DataFrame) -> str:
     for r in df.itertuples():
         mark = " *" if r.excludes_zero else ""
         lines.append(
-            f"| {domain_name(r.domain)} | {display(r.method)} | {display(r.baseline)} | {r.mean_diff:+.3f}{mark} | [{r.ci_low:+.3f}, {r.ci_high:+.3f}] | {r.n_seeds} |"
+            f"| {domain_name(r.domain)} | {display(r.method)} | {display(r.baseline)} | {r.mean_diff:+.3f}{mark} | "
+            f"[{r.ci_low:+.3f}, {r.ci_high:+.3f}] | {r.n_seeds} |"
         )
     lines += ["", "\\* the CI excludes 0."]
     return "\n".join(lines) + "\n"

@@ -1,5 +1,5 @@
-"""``results/small/report.md``: test-bed validity first, then Table 1, paired differences, the figures, rollouts-to-target, probability of
-improvement, the ablations, behaviour and LOPD's dynamics, with headline
+"""``results/small/report.md``: test-bed validity first, then Table 1, paired differences, the figures,
+rollouts-to-target, probability of improvement, the ablations, behaviour and LOPD's dynamics, with headline
 statistics written from those files (no number in the report is typed by hand).
 
     snakemake --cores all results/small/report.md      # regenerates every input first
@@ -72,18 +72,22 @@ def headline_targets(tg: pd.DataFrame, method: str = "lopd") -> list[str]:
         ref = display(r.reference)
         if pd.isna(r.rollouts_to_target):
             out.append(
-                f"- {domain_name(r.domain)}: {display(method)} does not reach {ref}'s final score {r.target:.3f} within the budget."
+                f"- {domain_name(r.domain)}: {display(method)} does not reach {ref}'s final score {r.target:.3f} "
+                "within the budget."
             )
         elif r.at_start:
             out.append(
-                f"- {domain_name(r.domain)}: {ref}'s final score {r.target:.3f} is at or below {display(method)}'s score before training: reached at 0 rollouts, which says nothing about learning."
+                f"- {domain_name(r.domain)}: {ref}'s final score {r.target:.3f} is at or below {display(method)}'s "
+                "score before training: reached at 0 rollouts, which says nothing about learning."
             )
         else:
             ci = "not reached" if pd.isna(r.ci_high) else f"{r.ci_high:.0f}"
             lo = "not reached" if pd.isna(r.ci_low) else f"{r.ci_low:.0f}"
             out.append(
-                f"- {domain_name(r.domain)}: {display(method)} reaches {ref}'s final score {r.target:.3f} at {r.rollouts_to_target:.0f} of {r.budget} rollouts "
-                f"(ratio {r.ratio:.2f}; 95 % CI [{lo}, {ci}]; {r.reached_share:.0%} of bootstrap resamples reach it; paper: < 0.30)."
+                f"- {domain_name(r.domain)}: {display(method)} reaches {ref}'s final score {r.target:.3f} "
+                f"at {r.rollouts_to_target:.0f} of {r.budget} rollouts "
+                f"(ratio {r.ratio:.2f}; 95 % CI [{lo}, {ci}]; {r.reached_share:.0%} of bootstrap resamples reach it; "
+                "paper: < 0.30)."
             )
     return out
 
@@ -95,7 +99,8 @@ def headline_improvement(poi: pd.DataFrame) -> list[str]:
         clear = "above 0.5" if r.ci_low > 0.5 else ("below 0.5" if r.ci_high < 0.5 else "holds 0.5")
         where = "all domains" if r.domain == "all" else domain_name(r.domain)
         out.append(
-            f"- P({display(r.method)} > {display(r.baseline)}) = {r.poi:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}] over {where} (CI {clear})."
+            f"- P({display(r.method)} > {display(r.baseline)}) = {r.poi:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}] "
+            f"over {where} (CI {clear})."
         )
     return out
 
@@ -112,8 +117,10 @@ def headline_ablations(ab: pd.DataFrame) -> list[str]:
         holds = a["mean"] > f["mean"] > z["mean"]
         noise = _overlap(a, f) and _overlap(f, z) and _overlap(a, z)
         out.append(
-            f"- {domain_name(d)}: LOPD (m = 0.05) {a['mean']:.3f}, frozen composer {f['mean']:.3f}, m = 0 {z['mean']:.3f}: the paper's ordering "
-            f"{'holds in the means' if holds else 'does not hold in the means'}{' (all three CIs overlap)' if noise else ''}."
+            f"- {domain_name(d)}: LOPD (m = 0.05) {a['mean']:.3f}, frozen composer {f['mean']:.3f}, "
+            f"m = 0 {z['mean']:.3f}: the paper's ordering "
+            f"{'holds in the means' if holds else 'does not hold in the means'}"
+            f"{' (all three CIs overlap)' if noise else ''}."
         )
         readings = [
             (m, name)
@@ -173,9 +180,8 @@ def headline_teacher_check(tc: pd.DataFrame) -> list[str]:
             for m, r in sub.loc[ordered(sub.index)].iterrows()
         ]
         out.append(
-            f"- {domain_name(d)}, teacher sanity check (own context helps the teacher; nats/token, logged once per run): "
-            + ", ".join(parts)
-            + "."
+            f"- {domain_name(d)}, teacher sanity check (own context helps the teacher; "
+            "nats/token, logged once per run): " + ", ".join(parts) + "."
         )
     return out
 
@@ -279,7 +285,10 @@ def build(a: argparse.Namespace) -> str:
             "",
             f"![sample efficiency]({_rel(a.figure, out)})",
             "",
-            f"PDF: `{Path(a.figure).with_suffix('.pdf')}`. Bottom row: each method minus GRPO at the same RL seed (paired).",
+            (
+                f"PDF: `{Path(a.figure).with_suffix('.pdf')}`. "
+                "Bottom row: each method minus GRPO at the same RL seed (paired)."
+            ),
         ]
     for md, title in (
         (a.targets_md, "Rollouts to target"),
@@ -297,7 +306,10 @@ def build(a: argparse.Namespace) -> str:
     if a.warmstarts:
         lines += [
             "",
-            "## What each privileged context gives the warm start (nats/token on held-out expert actions; > 0: the teacher can use it)",
+            (
+                "## What each privileged context gives the warm start (nats/token on held-out expert actions; "
+                "> 0: the teacher can use it)"
+            ),
             "",
             *context_gains_section(a.warmstarts),
         ]

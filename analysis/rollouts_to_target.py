@@ -11,8 +11,8 @@ The 95 % CI comes from a bootstrap over seeds that keeps seeds paired (seed s of
 every method starts from the same warm start): each replicate draws seed
 indices once and takes both the method's curves and the reference's final
 scores from them, so the target's own uncertainty is in the interval.  Methods
-whose seeds differ from the reference's are resampled independently.  "not reached" is recorded as an empty value (and as
-``inf`` inside the bootstrap).  ``ratio`` is rollouts-to-target over the
+whose seeds differ from the reference's are resampled independently.  "not reached" is recorded as an empty
+value (and as ``inf`` inside the bootstrap).  ``ratio`` is rollouts-to-target over the
 reference's budget: the paper's headline for LOPD is a ratio below 0.30.
 Where the target is at or below a method's score before training (rollout 0),
 ``at_start`` is true: the method "reaches" it without learning anything.
@@ -116,7 +116,8 @@ def to_markdown(df: pd.DataFrame) -> str:
     lines = [
         f"# Rollouts to reach {ref}'s final held-out score",
         "",
-        f"First evaluation point at which a method's mean curve reaches {ref}'s final mean; 95 % CI from a bootstrap over seeds, paired by seed (the same warm start; "
+        f"First evaluation point at which a method's mean curve reaches {ref}'s final mean; "
+        "95 % CI from a bootstrap over seeds, paired by seed (the same warm start; "
         '"not reached" where some resamples never reach it); ratio = rollouts over the reference\'s budget.',
         "",
         "| domain | method | target | rollouts to target | 95 % CI | resamples reaching | ratio to budget | note |",
@@ -126,7 +127,8 @@ def to_markdown(df: pd.DataFrame) -> str:
         note = "target <= its score before training" if r.at_start else ""
         ratio = "" if pd.isna(r.ratio) else f"{r.ratio:.2f}"
         lines.append(
-            f"| {domain_name(r.domain)} | {display(r.method)} | {r.target:.3f} | {_fmt(r.rollouts_to_target)} | [{_fmt(r.ci_low)}, {_fmt(r.ci_high)}] | {r.reached_share:.0%} | {ratio} | {note} |"
+            f"| {domain_name(r.domain)} | {display(r.method)} | {r.target:.3f} | {_fmt(r.rollouts_to_target)} | "
+            f"[{_fmt(r.ci_low)}, {_fmt(r.ci_high)}] | {r.reached_share:.0%} | {ratio} | {note} |"
         )
     if len(df):
         lines += [

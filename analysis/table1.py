@@ -90,14 +90,18 @@ def to_markdown(df: pd.DataFrame, title: str = "Table 1") -> str:
     lines = [
         f"# {title}: held-out reward (mean and 95 % bootstrap CI over RL seeds)",
         "",
-        "Every run of a domain starts from the same base policy (`vanilla`); its interval is its one evaluation's (mean +- 1.96 standard errors).",
+        (
+            "Every run of a domain starts from the same base policy (`vanilla`); its interval is its one evaluation's "
+            "(mean +- 1.96 standard errors)."
+        ),
         "",
         "| domain | method | held-out reward | 95 % CI | seeds | rollout budget | pre-RL rollouts (bank seed) |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in df.itertuples():
         lines.append(
-            f"| {r.domain} | {r.method} | {r.mean:.3f} | [{r.ci_low:.3f}, {r.ci_high:.3f}] | {r.n_seeds} | {r.rollout_budget} | {r.pre_rollouts} |"
+            f"| {r.domain} | {r.method} | {r.mean:.3f} | [{r.ci_low:.3f}, {r.ci_high:.3f}] | {r.n_seeds} | "
+            f"{r.rollout_budget} | {r.pre_rollouts} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -106,14 +106,20 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
 
 def to_markdown(df: pd.DataFrame, summary: pd.DataFrame) -> str:
     if df.empty:
-        return "# Teacher sanity check\n\nNo run logged a teacher context gain (no self-distillation method with a text context was run).\n"
+        return (
+            "# Teacher sanity check\n\nNo run logged a teacher context gain "
+            "(no self-distillation method with a text context was run).\n"
+        )
     lines = [
         "# Teacher sanity check: what each method's own privileged context gives its teacher",
         "",
-        "Change of the expert actions' log-likelihood per token on the tasks of the step it was logged (step 1; Skill-SD: its first step with skills), "
+        "Change of the expert actions' log-likelihood per token on the tasks of the step it was logged "
+        "(step 1; Skill-SD: its first step with skills), "
         "with the method's context minus without (> 0: the teacher has something to distil). "
-        "Last column: the same difference on the student's own failed attempts of that step (mean over seeds). It has no sign to pass: they were sampled from the teacher's "
-        "own weights, so any context tends to lower them; near 0 means the teacher ignores the context, and the expert gain says whether a reaction points to the right actions.",
+        "Last column: the same difference on the student's own failed attempts of that step (mean over seeds). "
+        "It has no sign to pass: they were sampled from the teacher's "
+        "own weights, so any context tends to lower them; near 0 means the teacher ignores the context, "
+        "and the expert gain says whether a reaction points to the right actions.",
         "",
         "| domain | method | per seed | mean | seeds > 0 | on own failed attempts |",
         "|---|---|---|---|---|---|",
@@ -125,7 +131,8 @@ def to_markdown(df: pd.DataFrame, summary: pd.DataFrame) -> str:
             per_seed = ", ".join(f"{r.seed}: {r.gain:+.4f}" for r in seeds.itertuples())
             r = sub.loc[m]
             lines.append(
-                f"| {domain_name(d)} | {display(m)} | {per_seed} | {r.mean_gain:+.4f} | {r.seeds_passing}/{r.n_seeds} | {_signed(r.mean_failed_shift)} |"
+                f"| {domain_name(d)} | {display(m)} | {per_seed} | {r.mean_gain:+.4f} | "
+                f"{r.seeds_passing}/{r.n_seeds} | {_signed(r.mean_failed_shift)} |"
             )
     return "\n".join(lines + by_kind_markdown(df)) + "\n"
 
@@ -137,7 +144,10 @@ def by_kind_markdown(df: pd.DataFrame) -> list[str]:
         return []
     lines = [
         "",
-        "By kind of context (a method that builds several kinds; pairs: distinct task-context pairs of that step scored):",
+        (
+            "By kind of context (a method that builds several kinds; "
+            "pairs: distinct task-context pairs of that step scored):"
+        ),
         "",
         "| domain | method | kind | per seed (pairs) | mean | seeds > 0 | on own failed attempts |",
         "|---|---|---|---|---|---|---|",
@@ -153,7 +163,8 @@ def by_kind_markdown(df: pd.DataFrame) -> list[str]:
             )
             g = seeds[f"gain_{k}"]
             lines.append(
-                f"| {domain_name(d)} | {display(m)} | {k.replace('_', ' ')} | {per_seed} | {g.mean():+.4f} | {int((g > 0).sum())}/{len(g)} | {_signed(seeds[f'failed_shift_{k}'].mean())} |"
+                f"| {domain_name(d)} | {display(m)} | {k.replace('_', ' ')} | {per_seed} | {g.mean():+.4f} | "
+                f"{int((g > 0).sum())}/{len(g)} | {_signed(seeds[f'failed_shift_{k}'].mean())} |"
             )
     return lines
 

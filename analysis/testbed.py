@@ -91,7 +91,10 @@ def to_markdown(df: pd.DataFrame) -> str:
     verdict = (
         "every check passes: the test bed can show a difference where one exists"
         if n_fail == 0
-        else f"{n_fail} of {len(df)} checks fail: differences between methods on this profile may be invisible or meaningless"
+        else (
+            f"{n_fail} of {len(df)} checks fail: "
+            "differences between methods on this profile may be invisible or meaningless"
+        )
     )
     lines = [
         "# Test-bed validity (held-out tasks, the profile's own evaluation protocol)",
@@ -110,7 +113,8 @@ def to_markdown(df: pd.DataFrame) -> str:
             else f"{r['value']:+.4f}"
         )
         lines.append(
-            f"| {domain_name(r['domain'])} | {r['check']} | {v} | {r['threshold']} | {'yes' if r['pass'] else '**no**'} | {CHECKS[r['check']][2]} |"
+            f"| {domain_name(r['domain'])} | {r['check']} | {v} | {r['threshold']} | "
+            f"{'yes' if r['pass'] else '**no**'} | {CHECKS[r['check']][2]} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -51,16 +51,22 @@ TARGET = 2.0
 
 # Settings of the two sides that differ (TRL 1.16 has no equivalent, or differs by design).
 UNMATCHED = [
-    "old log-probs: the suite reuses the sampler's log-probs (train.recompute_old_logp false); TRL recomputes them with an extra "
-    "no-grad forward over each generation batch (it does whenever num_iterations > 1 or steps_per_generation > gradient_accumulation_steps)",
-    "zero-variance groups: the suite skips rollouts whose group has equal rewards (grpo.drop_zero_variance, no forward/backward on them, "
-    "token-mean over the rest); TRL trains on every rollout (advantage 0 there, still in the token-mean's denominator)",
-    "dual clip: the suite's PPO loss has verl's dual clip (c = 3 for negative advantages); TRL's GRPO loss has none (delta=None)",
+    "old log-probs: the suite reuses the sampler's log-probs (train.recompute_old_logp false); "
+    "TRL recomputes them with an extra no-grad forward over each generation batch "
+    "(it does whenever num_iterations > 1 or steps_per_generation > gradient_accumulation_steps)",
+    "zero-variance groups: the suite skips rollouts whose group has equal rewards "
+    "(grpo.drop_zero_variance, no forward/backward on them, token-mean over the rest); "
+    "TRL trains on every rollout (advantage 0 there, still in the token-mean's denominator)",
+    "dual clip: the suite's PPO loss has verl's dual clip (c = 3 for negative advantages); "
+    "TRL's GRPO loss has none (delta=None)",
     "advantage eps: suite (r - mean) / (std + 1e-6), TRL (std + 1e-4); both use the unbiased group std",
-    "minibatch order: the suite trains on the step's (trainable) rollouts in order, 2 epochs x minibatches of up to 16; TRL shuffles the generation batch "
-    "once, then the same 2 iterations x 2 minibatches of 16 (4 optimizer steps per 32 rollouts, as the suite when no group is dropped)",
-    "generation: the suite's KV-cache engine (methods/core/rollout.py, slab cache, sampler log-probs); TRL's transformers generate "
-    "(DynamicCache, disable_compile) plus TRL's entropy and clip-ratio metrics on every step",
+    "minibatch order: the suite trains on the step's (trainable) rollouts in order, "
+    "2 epochs x minibatches of up to 16; TRL shuffles the generation batch once, "
+    "then the same 2 iterations x 2 minibatches of 16 "
+    "(4 optimizer steps per 32 rollouts, as the suite when no group is dropped)",
+    "generation: the suite's KV-cache engine (methods/core/rollout.py, slab cache, sampler log-probs); "
+    "TRL's transformers generate (DynamicCache, disable_compile) "
+    "plus TRL's entropy and clip-ratio metrics on every step",
 ]
 
 
@@ -352,8 +358,9 @@ def main(argv=None) -> None:
     out["overrides"] = a.set
     out["unmatched"] = _unmatched(job)
     out["timed"] = (
-        "suite: its training loop to the last step, less the rollout-0 evaluation; trl: trainer.train(). Excluded: model load, "
-        "task generation, trainer construction; no held-out evaluation or checkpoint inside either"
+        "suite: its training loop to the last step, less the rollout-0 evaluation; trl: trainer.train(). "
+        "Excluded: model load, task generation, trainer construction; "
+        "no held-out evaluation or checkpoint inside either"
     )
     out["versions"] = {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__}
     out["threads_after"] = torch.get_num_threads()

@@ -1,6 +1,7 @@
 """LOPD's cold start: what its latents give the frozen teacher against the cold start's length.
 
-    python benchmarks/coldstart_length.py --domain tooluse --steps 100 300 1000 --out results/small/coldstart_length_tooluse.json
+    python benchmarks/coldstart_length.py --domain tooluse --steps 100 300 1000 \\
+        --out results/small/coldstart_length_tooluse.json
 
 One cold start of ``max(--steps)`` steps with the profile's LOPD settings (seed ``--seed``),
 from the profile's base policy and seeded bank (``results/<profile>/warmstart``, ``bank``;

@@ -413,8 +413,9 @@ def train_part(args, work: Path, cuda: bool, notes: dict, save) -> list[dict]:
                 bank = work / "bank"
                 seeded = seed_bank(job, args.bank_tasks, bank)
                 notes["bank"] = (
-                    f"stand-in: the expert's trajectories of {seeded['tasks']} training tasks ({seeded['added']} in the "
-                    "bank; the real profile's bank.seed_tasks is 0, so its LOPD runs start with an empty bank)"
+                    f"stand-in: the expert's trajectories of {seeded['tasks']} training tasks "
+                    f"({seeded['added']} in the bank; "
+                    "the real profile's bank.seed_tasks is 0, so its LOPD runs start with an empty bank)"
                 )
                 log(f"bank: {notes['bank']}")
                 cs = work / "coldstart"
@@ -792,9 +793,11 @@ def print_report(report: dict) -> None:
             continue
         mem = row["cuda_peak_memory_gib"]
         log(
-            f"{row['method']:>5}: {row['rollouts']} rollouts in {row['steps']} steps, {row['train_s']} s of sampling and "
-            f"updates: {row['rollouts_per_s']} rollouts/s, {row['generated_tokens_per_s']} generated tokens/s, peak GPU "
-            f"memory {mem if mem is not None else 'n/a'} GiB (run {row['run_wall_s']} s, of it evaluation {row['eval_wall_s']} s)"
+            f"{row['method']:>5}: {row['rollouts']} rollouts in {row['steps']} steps, "
+            f"{row['train_s']} s of sampling and updates: {row['rollouts_per_s']} rollouts/s, "
+            f"{row['generated_tokens_per_s']} generated tokens/s, "
+            f"peak GPU memory {mem if mem is not None else 'n/a'} GiB "
+            f"(run {row['run_wall_s']} s, of it evaluation {row['eval_wall_s']} s)"
         )
         for s in row["per_step"]:
             log(
@@ -811,7 +814,8 @@ def print_report(report: dict) -> None:
             f"EMA teacher, FSDP{res['fsdp']} ({res['dtype']}): {'PASS' if res['ok'] else 'FAIL ' + ', '.join(failed)}; "
             f"weights vs the suite's EMA: after update {res['weights_after_update']:.2e}, after rate 0.01 "
             f"{res['weights_after_rate_0.01']:.2e} (moved {res['rate_0.01_max_move']:.2e}), after load "
-            f"{res['weights_after_load']:.2e}; top-k log-probs: first {res['first']['max_abs_logprob_diff']:.2e}, after "
+            f"{res['weights_after_load']:.2e}; top-k log-probs: "
+            f"first {res['first']['max_abs_logprob_diff']:.2e}, after "
             f"update {res['after']['max_abs_logprob_diff']:.2e} (stale weights would be {res['stale_gap']:.2e} off), "
             f"reloaded {res['reloaded']['max_abs_logprob_diff']:.2e}; tolerance {res['tolerance']}"
         )
@@ -879,12 +883,13 @@ def main(argv=None) -> int:
             "torch": torch.__version__,
             "transformers": importlib.import_module("transformers").__version__,
             "stand_ins": {
-                "verl": "stand-ins of Dispatch/register, get_device_*, ActorRolloutRefWorker (verl's import needs Ray); "
-                "the FSDP wrapping re-states verl 0.9.1's"
+                "verl": "stand-ins of Dispatch/register, get_device_*, ActorRolloutRefWorker "
+                "(verl's import needs Ray); the FSDP wrapping re-states verl 0.9.1's"
             },
         }
         log(
-            f"{report['device']}, Python {report['python']}, torch {report['torch']}, transformers {report['transformers']}"
+            f"{report['device']}, Python {report['python']}, torch {report['torch']}, "
+            f"transformers {report['transformers']}"
         )
 
         def save(**parts_done) -> None:

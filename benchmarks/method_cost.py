@@ -59,26 +59,32 @@ def main(argv=None) -> None:
         base = next((r for r in table if r["domain"] == row["domain"] and r["method"] == "grpo"), None)
         row["step_time_vs_grpo"] = round(row["step_s"] / base["step_s"], 2) if base else None
     print(
-        "| domain | method | seeds | s / step | x GRPO | teacher tokens / step | generated tokens / step | rollouts trained on / step |"
+        "| domain | method | seeds | s / step | x GRPO | teacher tokens / step | generated tokens / step | "
+        "rollouts trained on / step |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for r in table:
         print(
-            f"| {r['domain']} | {r['method']} | {r['seeds']} | {r['step_s']:.2f} | {r['step_time_vs_grpo']} | {r['teacher_tokens']:.0f} | {r['generated_tokens']:.0f} | {r['trained_rollouts']:.1f} |"
+            f"| {r['domain']} | {r['method']} | {r['seeds']} | {r['step_s']:.2f} | {r['step_time_vs_grpo']} | "
+            f"{r['teacher_tokens']:.0f} | {r['generated_tokens']:.0f} | {r['trained_rollouts']:.1f} |"
         )
     lopd = [r for r in table if r.get("composer_s")]
     if lopd:
         print(
-            "\nWhere an LOPD step's time goes (s / step; 'student' = the student's update: the rest of the update timer)"
+            "\nWhere an LOPD step's time goes "
+            "(s / step; 'student' = the student's update: the rest of the update timer)"
         )
         print(
-            "| domain | method | rollouts | retrieval | composer (latents) | teacher | composer step | bank growth | student |"
+            "| domain | method | rollouts | retrieval | composer (latents) | "
+            "teacher | composer step | bank growth | student |"
         )
         print("|---|---|---|---|---|---|---|---|---|")
         for r in lopd:
             student = r["update_s"] - sum(r[k] for k in LOPD_PARTS)
             print(
-                f"| {r['domain']} | {r['method']} | {r['rollout_s']:.2f} | {r['lopd_retrieval_s']:.2f} | {r['composer_s']:.2f} | {r['teacher_s']:.2f} | {r['composer_step_s']:.2f} | {r['bank_add_s']:.2f} | {student:.2f} |"
+                f"| {r['domain']} | {r['method']} | {r['rollout_s']:.2f} | {r['lopd_retrieval_s']:.2f} | "
+                f"{r['composer_s']:.2f} | {r['teacher_s']:.2f} | {r['composer_step_s']:.2f} | "
+                f"{r['bank_add_s']:.2f} | {student:.2f} |"
             )
     for r in table:
         print(json.dumps(r))

@@ -34,7 +34,8 @@ def main(argv=None) -> None:
         rng = random.Random(0)
         rewards = [domain.imperfect_trajectory(t, rng, q).reward() for t in tasks]
         print(
-            f"  imperfect demonstrator, recovery {q:.2f}: reward {sum(rewards) / len(rewards):.3f}, success {sum(r == 1.0 for r in rewards) / len(rewards):.3f}"
+            f"  imperfect demonstrator, recovery {q:.2f}: reward {sum(rewards) / len(rewards):.3f}, "
+            f"success {sum(r == 1.0 for r in rewards) / len(rewards):.3f}"
         )
     domain.close()
 

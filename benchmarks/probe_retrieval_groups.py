@@ -69,8 +69,9 @@ def main(argv=None) -> None:
         groups = {e.group_id for e in bank.items}
         seen = [(t, h) for t, h in zip(test, hits) if t.group_id in groups]
         print(
-            f"{name} ({domain.version}): bank {len(bank)} items in {len(groups)} groups; top-{a.n} from the task's own group: "
-            f"{same_group_share(test, hits):.3f} of all, {same_group_share(*zip(*seen)) if seen else float('nan'):.3f} where the group is in the bank "
+            f"{name} ({domain.version}): bank {len(bank)} items in {len(groups)} groups; "
+            f"top-{a.n} from the task's own group: {same_group_share(test, hits):.3f} of all, "
+            f"{same_group_share(*zip(*seen)) if seen else float('nan'):.3f} where the group is in the bank "
             f"({len(seen)}/{len(test)} tasks)"
         )
         domain.close()
@@ -89,15 +90,17 @@ def _coverage(domain, bank) -> None:
     groups = {t.group_id for t in train}
     counts = sorted(per_group.values())
     print(
-        f"{domain.name}: {len(bank)} items cover {len(per_group)}/{len(groups)} training groups; items per covered group "
-        f"min {counts[0] if counts else 0}, median {counts[len(counts) // 2] if counts else 0}, max {counts[-1] if counts else 0}"
+        f"{domain.name}: {len(bank)} items cover {len(per_group)}/{len(groups)} training groups; "
+        f"items per covered group min {counts[0] if counts else 0}, "
+        f"median {counts[len(counts) // 2] if counts else 0}, max {counts[-1] if counts else 0}"
     )
     if domain.name == "tooluse":
         by_id = {t.task_id: t for t in train}
         items = [by_id[e.task_id] for e in bank.items if e.task_id in by_id]
         share = sum(map(_needs_rule_step, items)) / max(len(items), 1)
         print(
-            f"tooluse: items whose solution needs a rule step {share:.3f}; training tasks {sum(map(_needs_rule_step, train)) / len(train):.3f}"
+            f"tooluse: items whose solution needs a rule step {share:.3f}; "
+            f"training tasks {sum(map(_needs_rule_step, train)) / len(train):.3f}"
         )
 
 

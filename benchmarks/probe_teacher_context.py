@@ -1,7 +1,8 @@
 """What a privileged context gives a warm-started teacher, by kind of context.
 
     python benchmarks/probe_teacher_context.py --domain tooluse --warmstart results/small/warmstart/tooluse
-    python benchmarks/probe_teacher_context.py --domain code --profile real-cpu --warmstart results/real-cpu/warmstart/code
+    python benchmarks/probe_teacher_context.py --domain code --profile real-cpu \\
+        --warmstart results/real-cpu/warmstart/code
 
 Samples the warm-start policy once on training tasks (the training temperature),
 keeps the failed episodes that carry environment feedback, and reports

@@ -4,14 +4,16 @@
     python -m methods.cli warmstart-stage2 --job JSON --seed S --stage1 DIR --out DIR [--threads N]
     python -m methods.cli bank      --job JSON --seed S --warmstart DIR --out DIR [--threads N]
     python -m methods.cli coldstart --job JSON --seed S --warmstart DIR --bank FILE --out DIR [--threads N]
-    python -m methods.cli train     --job JSON --seed S --warmstart DIR --out DIR [--bank FILE] [--composer FILE] [--threads N]
+    python -m methods.cli train     --job JSON --seed S --warmstart DIR --out DIR [--bank FILE] [--composer FILE] \\
+        [--threads N]
     python -m methods.cli testbed   --job JSON --seed S --warmstart DIR --out FILE.json [--bank FILE] [--n-retrieve N]
     python -m methods.cli install-base --job JSON --seed S --shipped DIR --out DIR
     python -m methods.cli ship-base    --job JSON --seed S --warmstart DIR --out DIR
     python -m methods.cli check-base   --job JSON --seed S --warmstart DIR --shipped DIR --out FILE.json
     python -m methods.cli export-verl  --job JSON --out DIR
     python -m methods.cli verl-config  --job JSON --seed S --model DIR --data DIR --run DIR --out FILE.yaml
-    python -m methods.cli verl-run-files --job JSON --method M --seed S --verl-log FILE [FILE ...] --val-dir DIR --out DIR
+    python -m methods.cli verl-run-files --job JSON --method M --seed S --verl-log FILE [FILE ...] \\
+        --val-dir DIR --out DIR
 
 ``--job`` is the resolved job settings (see :func:`methods.core.config.resolve_job`)
 as a JSON string or ``@file.json``; the rules pass it so that every result
@@ -124,7 +126,8 @@ def cmd_warmstart(args) -> None:
     _save_warm_start(out, model, tokenizer, report)
     domain.close()
     print(
-        f"[warmstart] {job['domain']} seed {args.seed}: stage 1 heldout_reward {report['heldout_reward']:.3f}; wrote {out / 'model'} and {out / 'eval.json'}",
+        f"[warmstart] {job['domain']} seed {args.seed}: stage 1 heldout_reward {report['heldout_reward']:.3f}; "
+        f"wrote {out / 'model'} and {out / 'eval.json'}",
         file=sys.stderr,
     )
 
@@ -155,14 +158,16 @@ def cmd_warmstart_stage2(args) -> None:
     if differ or stage1.get("seed") != args.seed:
         what = ", ".join(differ) if differ else f"seed {stage1.get('seed')} (wanted {args.seed})"
         raise SystemExit(
-            f"error: the stage-1 warm start {src} was built with other settings ({what}); rebuild it (snakemake rule warmstart_stage1)"
+            f"error: the stage-1 warm start {src} was built with other settings ({what}); "
+            "rebuild it (snakemake rule warmstart_stage1)"
         )
     ws_cfg = make_config(WarmStartConfig, job["warmstart"], "warmstart")
     model, tokenizer = load_policy(src / "model", device=args.device)
     if not ws_cfg.onpolicy_steps:
         report = {**stage1, "stage1_dir": str(src)}
         print(
-            f"[warmstart] {job['domain']} seed {args.seed}: no on-policy stage (warmstart.onpolicy_steps 0): stage 1's warm start",
+            f"[warmstart] {job['domain']} seed {args.seed}: "
+            "no on-policy stage (warmstart.onpolicy_steps 0): stage 1's warm start",
             file=sys.stderr,
         )
     else:
@@ -184,7 +189,8 @@ def cmd_warmstart_stage2(args) -> None:
         report.update({"job": job, "stage1_dir": str(src), "stage1_git": stage1.get("git"), **provenance()})
     _save_warm_start(out, model, tokenizer, report)
     print(
-        f"[warmstart] {job['domain']} seed {args.seed}: heldout_reward {report['heldout_reward']:.3f} (stage 1 {stage1['heldout_reward']:.3f}); "
+        f"[warmstart] {job['domain']} seed {args.seed}: heldout_reward {report['heldout_reward']:.3f} "
+        f"(stage 1 {stage1['heldout_reward']:.3f}); "
         f"wrote {out / 'model'} and {out / 'eval.json'}",
         file=sys.stderr,
     )
@@ -209,7 +215,9 @@ def cmd_install_base(args) -> None:
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     print(
-        f"[warmstart] {job['domain']}: installed the shipped base policy {args.shipped} (heldout_reward {manifest['scores'].get('heldout_reward')}, every file checked against its manifest) into {args.out}",
+        f"[warmstart] {job['domain']}: installed the shipped base policy {args.shipped} "
+        f"(heldout_reward {manifest['scores'].get('heldout_reward')}, every file checked against its manifest) "
+        f"into {args.out}",
         file=sys.stderr,
     )
     differ = evaluation_differs(manifest["job"], job)
@@ -251,7 +259,8 @@ def _reevaluate_base(out: Path, job: dict, seed: int, device: str, differ: list[
     write_json_atomic(out / "eval.json", report)
     print(
         f"[warmstart] {job['domain']}: evaluated the installed base policy again for {', '.join(differ)}: "
-        f"heldout_reward {res['heldout_reward']:.3f} (SE {res['heldout_reward_se']:.4f}) on {res['heldout_episodes']} tasks",
+        f"heldout_reward {res['heldout_reward']:.3f} (SE {res['heldout_reward_se']:.4f}) "
+        f"on {res['heldout_episodes']} tasks",
         file=sys.stderr,
     )
 
@@ -274,7 +283,8 @@ def cmd_ship_base(args) -> None:
         )
     manifest = ship(src, Path(args.out), job, args.seed, _domain_version(job), provenance())
     print(
-        f"[ship-base] wrote {args.out} ({len(manifest['files'])} files, heldout_reward {manifest['scores'].get('heldout_reward')})",
+        f"[ship-base] wrote {args.out} ({len(manifest['files'])} files, "
+        f"heldout_reward {manifest['scores'].get('heldout_reward')})",
         file=sys.stderr,
     )
 
@@ -288,7 +298,8 @@ def cmd_check_base(args) -> None:
     write_json_atomic(Path(args.out), report)
     verdict = "bit-identical" if report["bit_identical"] else f"DIFFERENT: {', '.join(report['model_files_differ'])}"
     print(
-        f"[check-base] {args.warmstart} vs {args.shipped}: model files {verdict}; scores rebuilt {report['scores_rebuilt']} shipped {report['scores_shipped']}",
+        f"[check-base] {args.warmstart} vs {args.shipped}: model files {verdict}; "
+        f"scores rebuilt {report['scores_rebuilt']} shipped {report['scores_shipped']}",
         file=sys.stderr,
     )
 
@@ -412,7 +423,8 @@ def cmd_bank(args) -> None:
     write_json_atomic(out / "bank.json", report)
     domain.close()
     print(
-        f"[bank] {job['domain']} seed {args.seed}: {len(bank)} trajectories from {rollouts} warm-start rollouts; wrote {out / 'bank.pt'} and {out / 'bank.json'}",
+        f"[bank] {job['domain']} seed {args.seed}: {len(bank)} trajectories from {rollouts} warm-start rollouts; "
+        f"wrote {out / 'bank.pt'} and {out / 'bank.json'}",
         file=sys.stderr,
     )
 
@@ -480,7 +492,8 @@ def cmd_testbed(args) -> None:
         else ""
     )
     print(
-        f"[testbed] {job['domain']}: no context {report['reward_no_context']:.3f} (SE {report['reward_no_context_se']:.4f}), {msg}; wrote {out}",
+        f"[testbed] {job['domain']}: no context {report['reward_no_context']:.3f} "
+        f"(SE {report['reward_no_context_se']:.4f}), {msg}; wrote {out}",
         file=sys.stderr,
     )
 
@@ -529,8 +542,8 @@ def cmd_retrieved_eval(args) -> None:
     write_json_atomic(out, report)
     domain.close()
     print(
-        f"[retrieved-eval] {job['domain']}: held-out reward {report['heldout_reward']:.3f} with the top-{args.n_retrieve} "
-        f"retrieved (same group {report['retrieval_same_group']:.2f}); wrote {out}",
+        f"[retrieved-eval] {job['domain']}: held-out reward {report['heldout_reward']:.3f} "
+        f"with the top-{args.n_retrieve} retrieved (same group {report['retrieval_same_group']:.2f}); wrote {out}",
         file=sys.stderr,
     )
 
@@ -591,7 +604,8 @@ def cmd_coldstart(args) -> None:
     write_json_atomic(out / "coldstart.json", report)
     domain.close()
     print(
-        f"[coldstart] {job['method']} {job['domain']} seed {args.seed}: wrote {out / 'composer.pt'} and {out / 'coldstart.json'}",
+        f"[coldstart] {job['method']} {job['domain']} seed {args.seed}: "
+        f"wrote {out / 'composer.pt'} and {out / 'coldstart.json'}",
         file=sys.stderr,
     )
 
@@ -656,14 +670,17 @@ def cmd_train(args) -> None:
         if job["bank"]["seed_tasks"] > 0:
             if not args.bank or not Path(args.bank).exists():
                 raise SystemExit(
-                    f"method {job['method']}: bank.seed_tasks is {job['bank']['seed_tasks']}, so a seeded bank is required (--bank); got {args.bank!r}. Run `python -m methods.cli bank` first."
+                    f"method {job['method']}: bank.seed_tasks is {job['bank']['seed_tasks']}, "
+                    f"so a seeded bank is required (--bank); got {args.bank!r}. "
+                    "Run `python -m methods.cli bank` first."
                 )
             run.bank_path = args.bank
             run.ledger.pre_rollouts = json.loads(Path(args.bank).with_name("bank.json").read_text())["seed_rollouts"]
     if cls.needs_cold_start and method_cfg.cold_start_key() is not None:
         if not args.composer or not Path(args.composer).exists():
             raise SystemExit(
-                f"method {job['method']} starts from a cold-started composer (--composer composer.pt); got {args.composer!r}. Run `python -m methods.cli coldstart` first."
+                f"method {job['method']} starts from a cold-started composer (--composer composer.pt); "
+                f"got {args.composer!r}. Run `python -m methods.cli coldstart` first."
             )
         run.cold_start_path = args.composer
     base = _base_eval_of(Path(args.warmstart) / "eval.json", job, domain.version)
@@ -703,7 +720,8 @@ def cmd_train(args) -> None:
     write_json_atomic(out / "summary.json", summary)
     domain.close()
     print(
-        f"[{label}] done: heldout_reward {final['heldout_reward']:.3f} after {run.ledger.rollouts} rollouts; wrote {out / 'metrics.jsonl'} and {out / 'summary.json'}",
+        f"[{label}] done: heldout_reward {final['heldout_reward']:.3f} after {run.ledger.rollouts} rollouts; "
+        f"wrote {out / 'metrics.jsonl'} and {out / 'summary.json'}",
         file=sys.stderr,
     )
 
@@ -802,7 +820,10 @@ def main(argv=None) -> None:
     tb = sub.add_parser(
         "testbed",
         parents=[common],
-        help="test-bed probe of a base policy: reward without context, with the reference solution, with retrieved experience (--out: a JSON file)",
+        help=(
+            "test-bed probe of a base policy: reward without context, with the reference solution, "
+            "with retrieved experience (--out: a JSON file)"
+        ),
     )
     tb.add_argument("--warmstart", required=True, help="base policy directory (holds model/)")
     tb.add_argument(
@@ -820,7 +841,9 @@ def main(argv=None) -> None:
     re_ = sub.add_parser(
         "retrieved-eval",
         parents=[common],
-        help="the base policy's held-out evaluation with the top-n retrieved experiences in context (--out: a JSON file)",
+        help=(
+            "the base policy's held-out evaluation with the top-n retrieved experiences in context (--out: a JSON file)"
+        ),
     )
     re_.add_argument("--warmstart", required=True, help="base policy directory (holds model/)")
     re_.add_argument("--bank", required=True, help="seeded experience bank (bank.pt)")

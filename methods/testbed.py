@@ -132,7 +132,8 @@ def probe(
     if retrieved is not None:
         if len(retrieved["rewards"]) != len(tasks) or retrieved["n_retrieve"] != n_retrieve:
             raise ValueError(
-                f"the retrieved evaluation has {len(retrieved['rewards'])} episodes and n_retrieve {retrieved['n_retrieve']}; "
+                f"the retrieved evaluation has {len(retrieved['rewards'])} episodes "
+                f"and n_retrieve {retrieved['n_retrieve']}; "
                 f"the probe {len(tasks)} and {n_retrieve}"
             )
         gain, gain_se = paired_gain(retrieved["rewards"], none)

@@ -7,14 +7,14 @@ rule bank:
         report=f"{OUT}/bank/{{domain}}/bank.json",
     log:
         f"{OUT}/logs/bank/{{domain}}.log",
+    conda:
+        "../envs/suite.yaml"
+    threads: 1
     params:
         seed=BASE_SEED,
         job=lambda w: shlex.quote(json.dumps(bank_job(config, w.domain), sort_keys=True)),
         ws=lambda w: f"{OUT}/warmstart/{w.domain}",
         out=lambda w: f"{OUT}/bank/{w.domain}",
-    threads: 1
-    conda:
-        "../envs/suite.yaml"
     shell:
         "python -m methods.core.forkserver methods.cli bank --job {params.job} --seed {params.seed} "
         "--warmstart {params.ws} --out {params.out} --threads {threads} > {log} 2>&1"
@@ -31,14 +31,14 @@ rule retrieved_eval:
         f"{OUT}/bank/{{domain}}/eval_retrieved.json",
     log:
         f"{OUT}/logs/retrieved_eval/{{domain}}.log",
+    conda:
+        "../envs/suite.yaml"
+    threads: 1
     params:
         seed=BASE_SEED,
         job=lambda w: shlex.quote(json.dumps(bank_job(config, w.domain), sort_keys=True)),
         ws=lambda w: f"{OUT}/warmstart/{w.domain}",
         n_retrieve=lambda w: testbed_n_retrieve(w.domain),
-    threads: 1
-    conda:
-        "../envs/suite.yaml"
     shell:
         "python -m methods.core.forkserver methods.cli retrieved-eval --job {params.job} --seed {params.seed} --warmstart {params.ws} "
         "--bank {input.bank} --n-retrieve {params.n_retrieve} --out {output} --threads {threads} > {log} 2>&1"

@@ -7,7 +7,20 @@ import sys
 
 sys.path.insert(0, workflow.basedir)
 from methods.core.shipped import matches as shipped_matches, shipped_dir
-from methods.core.config import bank_job, cold_start_key, cold_start_runs, profile_ablation_domains, profile_ablations, profile_domains, profile_methods, profile_section, resolve_job, stage1_job, uses_bank, validate as validate_grid
+from methods.core.config import (
+    bank_job,
+    cold_start_key,
+    cold_start_runs,
+    profile_ablation_domains,
+    profile_ablations,
+    profile_domains,
+    profile_methods,
+    profile_section,
+    resolve_job,
+    stage1_job,
+    uses_bank,
+    validate as validate_grid,
+)
 
 validate_grid(config)  # every job's settings, before any job starts
 
@@ -19,7 +32,9 @@ METHODS = profile_methods(config)  # Table 1's methods: the profile's selection,
 ABLATIONS = profile_ablations(config)  # the profile's selection, else every configured variant
 ABLATION_DOMAINS = profile_ablation_domains(config)  # ablation_domains among the profile's domains
 OUT = f"results/{PROFILE}"  # every output of this profile
-BACKEND = profile_section(config).get("backend", "suite")  # who trains the runs: the suite's loop, or verl (rules/verl.smk)
+BACKEND = profile_section(config).get(
+    "backend", "suite"
+)  # who trains the runs: the suite's loop, or verl (rules/verl.smk)
 BACKEND_OPTIONS = profile_section(config).get("backend_options") or {}
 HEADLINE = config.get("headline_profile", PROFILE)
 # The jobs that import torch run `python -m methods.core.forkserver methods.cli ...`: they start from a warm
@@ -59,7 +74,10 @@ def shipped_base(domain):
         path, why = shipped_matches(PROFILE, domain, job, BASE_SEED, d.version)
         d.close()
         if why:
-            print(f"note: the shipped base policy {shipped_path(domain)} was built with other {why}; training the {domain} base policy instead", file=sys.stderr)
+            print(
+                f"note: the shipped base policy {shipped_path(domain)} was built with other {why}; training the {domain} base policy instead",
+                file=sys.stderr,
+            )
         _SHIPPED[domain] = str(path) if path else None
     return _SHIPPED[domain]
 

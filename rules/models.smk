@@ -10,8 +10,8 @@ rule pretrained_model:
         directory("results/models/{model}"),
     log:
         "results/models/logs/{model}.log",
-    threads: 1
     conda:
         "../envs/suite.yaml"
+    threads: 1
     shell:
         "python -m methods.core.forkserver methods.cli convert-model --model {wildcards.model} --out {output} --threads {threads} > {log} 2>&1"

@@ -1,5 +1,7 @@
 # The paper's figures and tables beyond Table 1, and the report that gathers them (all under results/<profile>/).
-RUN_SUMMARIES = expand(f"{OUT}/runs/{{domain}}/{{method}}/seed{{seed}}/summary.json", domain=DOMAINS, method=METHODS, seed=SEEDS)
+RUN_SUMMARIES = expand(
+    f"{OUT}/runs/{{domain}}/{{method}}/seed{{seed}}/summary.json", domain=DOMAINS, method=METHODS, seed=SEEDS
+)
 VANILLA_EVALS = expand(f"{OUT}/warmstart/{{domain}}/eval.json", domain=DOMAINS)
 BEHAVIOUR_DOMAIN = "tooluse"
 
@@ -14,9 +16,9 @@ rule sample_efficiency:
         pdf=f"{OUT}/figures/sample_efficiency.pdf",
     log:
         f"{OUT}/logs/sample_efficiency.log",
-    threads: 1
     conda:
         "../envs/suite.yaml"
+    threads: 1
     shell:
         "python -m analysis.sample_efficiency --vanilla {input.vanilla} --runs {input.runs} --out {output.png} > {log} 2>&1"
 
@@ -30,9 +32,9 @@ rule rollouts_to_target:
         md=f"{OUT}/rollouts_to_target.md",
     log:
         f"{OUT}/logs/rollouts_to_target.log",
-    threads: 1
     conda:
         "../envs/suite.yaml"
+    threads: 1
     shell:
         "python -m analysis.rollouts_to_target --runs {input.runs} --reference grpo --out-csv {output.csv} --out-md {output.md} > {log} 2>&1"
 
@@ -47,9 +49,9 @@ rule improvement:
         md=f"{OUT}/improvement.md",
     log:
         f"{OUT}/logs/improvement.log",
-    threads: 1
     conda:
         "../envs/suite.yaml"
+    threads: 1
     shell:
         "python -m analysis.improvement --vanilla {input.vanilla} --runs {input.runs} --method lopd --out-csv {output.csv} --out-md {output.md} > {log} 2>&1"
 
@@ -64,9 +66,9 @@ rule behaviour:
         md=f"{OUT}/behaviour.md",
     log:
         f"{OUT}/logs/behaviour.log",
-    threads: 1
     conda:
         "../envs/suite.yaml"
+    threads: 1
     shell:
         "python -m analysis.behaviour --vanilla {input.vanilla} --runs {input.runs} --out-csv {output.csv} --out-md {output.md} > {log} 2>&1"
 
@@ -80,9 +82,9 @@ rule teacher_check:
         md=f"{OUT}/teacher_check.md",
     log:
         f"{OUT}/logs/teacher_check.log",
-    threads: 1
     conda:
         "../envs/suite.yaml"
+    threads: 1
     shell:
         "python -m analysis.teacher_check --runs {input.runs} --out-csv {output.csv} --out-md {output.md} > {log} 2>&1"
 
@@ -97,15 +99,15 @@ rule testbed_probe:
         f"{OUT}/testbed/{{domain}}/testbed.json",
     log:
         f"{OUT}/logs/testbed/{{domain}}.log",
+    conda:
+        "../envs/suite.yaml"
+    threads: 1
     params:
         job=lambda w: shlex.quote(json.dumps(bank_job(config, w.domain), sort_keys=True)),
         ws=lambda w: f"{OUT}/warmstart/{w.domain}",
         bank=lambda w, input: f"--bank {input.bank} --retrieved-eval {input.retrieved}" if input.bank else "",
         n_retrieve=lambda w: testbed_n_retrieve(w.domain),
         seed=BASE_SEED,
-    threads: 1
-    conda:
-        "../envs/suite.yaml"
     shell:
         "python -m methods.core.forkserver methods.cli testbed --job {params.job} --seed {params.seed} --warmstart {params.ws} {params.bank} "
         "--n-retrieve {params.n_retrieve} --out {output} --threads {threads} > {log} 2>&1"
@@ -122,9 +124,9 @@ rule testbed:
         md=f"{OUT}/testbed.md",
     log:
         f"{OUT}/logs/testbed.log",
-    threads: 1
     conda:
         "../envs/suite.yaml"
+    threads: 1
     shell:
         "python -m analysis.testbed --probes {input.probes} --vanilla {input.vanilla} --runs {input.runs} "
         "--out-csv {output.csv} --out-md {output.md} > {log} 2>&1"
@@ -140,9 +142,9 @@ rule paired:
         md=f"{OUT}/paired.md",
     log:
         f"{OUT}/logs/paired.log",
-    threads: 1
     conda:
         "../envs/suite.yaml"
+    threads: 1
     shell:
         "python -m analysis.paired --vanilla {input.vanilla} --runs {input.runs} --out-csv {output.csv} --out-md {output.md} > {log} 2>&1"
 
@@ -157,9 +159,9 @@ rule compute:
         png=report(f"{OUT}/figures/compute.png", category="Compute", subcategory="figure"),
     log:
         f"{OUT}/logs/compute.log",
-    threads: 1
     conda:
         "../envs/suite.yaml"
+    threads: 1
     shell:
         "python -m analysis.compute --runs {input.runs} --out-csv {output.csv} --out-md {output.md} --out-png {output.png} > {log} 2>&1"
 
@@ -193,11 +195,11 @@ rule report:
         f"{OUT}/report.md",
     log:
         f"{OUT}/logs/report.log",
-    params:
-        behaviour=lambda w, input: f"--behaviour-md {input.behaviour_md}" if input.behaviour_md else "",
-    threads: 1
     conda:
         "../envs/suite.yaml"
+    threads: 1
+    params:
+        behaviour=lambda w, input: f"--behaviour-md {input.behaviour_md}" if input.behaviour_md else "",
     shell:
         "python -m analysis.report --table1 {input.table1} --table1-md {input.table1_md} "
         "--targets {input.targets} --targets-md {input.targets_md} --improvement {input.improvement} --improvement-md {input.improvement_md} "
@@ -213,19 +215,32 @@ rule publish:
     """The profile's report with its figures and main tables, kept in the repository (docs/results/<profile>/) and stamped with the commit and the configuration's digest (analysis/publish.py); for the headline profile also README's Results block."""
     input:
         report=f"{OUT}/report.md",
-        tables=[f"{OUT}/{t}" for t in ("table1.md", "table1.csv", "paired.md", "ablations.md", "ablations.csv", "lopd_diagnosis.md", "lopd_diagnosis.csv", "compute.md", "testbed.md")],
+        tables=[
+            f"{OUT}/{t}"
+            for t in (
+                "table1.md",
+                "table1.csv",
+                "paired.md",
+                "ablations.md",
+                "ablations.csv",
+                "lopd_diagnosis.md",
+                "lopd_diagnosis.csv",
+                "compute.md",
+                "testbed.md",
+            )
+        ],
     output:
         report=f"docs/results/{PROFILE}/report.md",
         stamp=f"docs/results/{PROFILE}/STAMP.json",
     log:
         f"{OUT}/logs/publish.log",
+    conda:
+        "../envs/suite.yaml"
+    threads: 1
     params:
         profile=PROFILE,
         dest=lambda w, output: os.path.dirname(output.stamp),
         readme="--readme README.md" if PROFILE == HEADLINE else "",
-    threads: 1
-    conda:
-        "../envs/suite.yaml"
     shell:
         "python -m analysis.publish --profile {params.profile} --report {input.report} --tables {input.tables} "
         "--dest {params.dest} {params.readme} > {log} 2>&1"

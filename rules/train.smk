@@ -11,6 +11,11 @@ if BACKEND == "suite":  # a verl profile trains its runs with rules/verl.smk ins
             f"{OUT}/runs/{{domain}}/{{method}}/seed{{seed}}/summary.json",
         log:
             f"{OUT}/logs/train/{{domain}}/{{method}}/seed{{seed}}.log",
+        wildcard_constraints:
+            seed=r"\d+",
+        conda:
+            "../envs/suite.yaml"
+        threads: 1
         params:
             job=lambda w: job_json(w.domain, w.method),
             ws=lambda w: f"{OUT}/warmstart/{w.domain}",
@@ -18,11 +23,6 @@ if BACKEND == "suite":  # a verl profile trains its runs with rules/verl.smk ins
             bank=lambda w: f"--bank {OUT}/bank/{w.domain}/bank.pt" if uses_bank(config, w.method) else "",
             composer=lambda w: " ".join(f"--composer {p}" for p in coldstart_path(w.domain, w.method, w.seed)),
             reuse=lambda w, input: " ".join(f"--context-eval {p}" for p in input.reuse),
-        wildcard_constraints:
-            seed=r"\d+",
-        threads: 1
-        conda:
-            "../envs/suite.yaml"
         shell:
             "python -m methods.core.forkserver methods.cli train --job {params.job} --seed {wildcards.seed} "
             "--warmstart {params.ws} {params.bank} {params.composer} {params.reuse} --out {params.out} --threads {threads} > {log} 2>&1"

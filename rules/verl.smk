@@ -12,12 +12,12 @@ if BACKEND == "verl":
             test=f"{OUT}/verl/data/{{domain}}/test.parquet",
         log:
             f"{OUT}/logs/verl_data/{{domain}}.log",
+        conda:
+            "../envs/suite.yaml"
+        threads: 1
         params:
             job=lambda w: job_json(w.domain),
             out=lambda w: f"{OUT}/verl/data/{w.domain}",
-        threads: 1
-        conda:
-            "../envs/suite.yaml"
         shell:
             "python -m methods.core.forkserver methods.cli export-verl --job {params.job} --out {params.out} > {log} 2>&1"
 
@@ -32,6 +32,15 @@ if BACKEND == "verl":
             f"{OUT}/runs/{{domain}}/{{method}}/seed{{seed}}/summary.json",
         log:
             f"{OUT}/logs/train/{{domain}}/{{method}}/seed{{seed}}.log",
+        wildcard_constraints:
+            seed=r"\d+",
+        conda:
+            "../envs/verl.yaml"
+        threads: 1
+        resources:
+            # every method's teacher lives on the student's GPUs (methods/verl_backend/launch.py); locally, pass
+            # --resources gpu=N so that no more runs start at once than the machine has GPUs for
+            gpu=BACKEND_OPTIONS.get("gpus", 1),
         params:
             job=lambda w: job_json(w.domain, w.method),
             model=lambda w: f"{OUT}/warmstart/{w.domain}/model",
@@ -40,15 +49,6 @@ if BACKEND == "verl":
             out=lambda w: f"{OUT}/runs/{w.domain}/{w.method}/seed{w.seed}",
             gpus=BACKEND_OPTIONS.get("gpus", 1),
             bank=lambda w: f"--bank {OUT}/bank/{w.domain}/bank.pt" if uses_bank(config, w.method) else "",
-        wildcard_constraints:
-            seed=r"\d+",
-        threads: 1
-        resources:
-            # every method's teacher lives on the student's GPUs (methods/verl_backend/launch.py); locally, pass
-            # --resources gpu=N so that no more runs start at once than the machine has GPUs for
-            gpu=BACKEND_OPTIONS.get("gpus", 1),
-        conda:
-            "../envs/verl.yaml"
         shell:
             "python -m methods.core.forkserver methods.cli verl-config --job {params.job} --seed {wildcards.seed} --model {params.model} "
             "--data {params.data} --run {params.run} --gpus {params.gpus} {params.bank} "

@@ -10,13 +10,13 @@ rule warmstart_stage1:
         f"{OUT}/warmstart_stage1/{{domain}}/eval.json",
     log:
         f"{OUT}/logs/warmstart_stage1/{{domain}}.log",
+    conda:
+        "../envs/suite.yaml"
+    threads: 1
     params:
         seed=BASE_SEED,
         job=lambda w: job_json(w.domain, stage1=True),
         out=lambda w: f"{OUT}/warmstart_stage1/{w.domain}",
-    threads: 1
-    conda:
-        "../envs/suite.yaml"
     shell:
         "python -m methods.core.forkserver methods.cli warmstart --job {params.job} --seed {params.seed} "
         "--out {params.out} --threads {threads} > {log} 2>&1"
@@ -28,19 +28,27 @@ rule warmstart:
     A base policy shipped in results/base/<profile>/<domain>/ is installed instead of trained when
     its manifest records exactly this job, seed and task version (methods/core/shipped.py)."""
     input:
-        lambda w: [f"{shipped_base(w.domain)}/manifest.json"] if shipped_base(w.domain) else [f"{OUT}/warmstart_stage1/{w.domain}/eval.json"],
+        lambda w: (
+            [f"{shipped_base(w.domain)}/manifest.json"]
+            if shipped_base(w.domain)
+            else [f"{OUT}/warmstart_stage1/{w.domain}/eval.json"]
+        ),
     output:
         f"{OUT}/warmstart/{{domain}}/eval.json",
     log:
         f"{OUT}/logs/warmstart/{{domain}}.log",
+    conda:
+        "../envs/suite.yaml"
+    threads: 1
     params:
         seed=BASE_SEED,
         job=lambda w: job_json(w.domain),
-        source=lambda w: f"install-base --shipped {shipped_base(w.domain)}" if shipped_base(w.domain) else f"warmstart-stage2 --stage1 {OUT}/warmstart_stage1/{w.domain}",
+        source=lambda w: (
+            f"install-base --shipped {shipped_base(w.domain)}"
+            if shipped_base(w.domain)
+            else f"warmstart-stage2 --stage1 {OUT}/warmstart_stage1/{w.domain}"
+        ),
         out=lambda w: f"{OUT}/warmstart/{w.domain}",
-    threads: 1
-    conda:
-        "../envs/suite.yaml"
     shell:
         "python -m methods.core.forkserver methods.cli {params.source} --job {params.job} --seed {params.seed} "
         "--out {params.out} --threads {threads} > {log} 2>&1"
@@ -49,22 +57,23 @@ rule warmstart:
 rule base_rebuild:
     """Train the base policy from scratch, as if none were shipped, and compare it file by file
     with the shipped one (check.json: bit_identical).  To ship a new one after a settings change:
-    python -m methods.cli ship-base --job ... --seed ... --warmstart <this dir> --out results/base/<profile>/<domain>."""
+    python -m methods.cli ship-base --job ... --seed ... --warmstart <this dir> --out results/base/<profile>/<domain>.
+    """
     input:
         f"{OUT}/warmstart_stage1/{{domain}}/eval.json",
     output:
         f"{OUT}/base_rebuild/{{domain}}/check.json",
     log:
         f"{OUT}/logs/base_rebuild/{{domain}}.log",
+    conda:
+        "../envs/suite.yaml"
+    threads: 1
     params:
         seed=BASE_SEED,
         job=lambda w: job_json(w.domain),
         stage1=lambda w: f"{OUT}/warmstart_stage1/{w.domain}",
         out=lambda w: f"{OUT}/base_rebuild/{w.domain}",
         shipped=lambda w: shipped_path(w.domain),
-    threads: 1
-    conda:
-        "../envs/suite.yaml"
     shell:
         "(python -m methods.core.forkserver methods.cli warmstart-stage2 --job {params.job} --seed {params.seed} --stage1 {params.stage1} "
         "--out {params.out} --threads {threads} && "

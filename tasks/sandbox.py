@@ -104,7 +104,9 @@ _WRITE_PATH_EVENTS = frozenset(
 #: Audit events whose path argument must be readable (temp dir or installation).
 _READ_PATH_EVENTS = frozenset("os.listdir os.scandir".split())
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-_PRELOAD = "math cmath itertools collections functools re string heapq bisect operator copy random statistics fractions typing".split()
+_PRELOAD = (
+    "math cmath itertools collections functools re string heapq bisect operator copy random statistics fractions typing"
+).split()
 
 
 @dataclass

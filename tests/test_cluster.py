@@ -25,7 +25,7 @@ case "$1" in
   config) echo '{"get": {"channel_priority": "strict"}}';;
   *) echo "fake conda: $*" >&2; exit 1;;
 esac
-"""
+"""  # noqa: E501
 
 
 def _snakemake(*args: str, fake_conda: Path | None = None) -> subprocess.CompletedProcess:

@@ -119,3 +119,16 @@ def test_without_a_gpu_the_cuda_mode_says_so():
         pytest.skip("a GPU is present")
     done = _run("--device", "cuda", timeout=120)
     assert done.returncode == 1 and "no CUDA device" in done.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(960)
+def test_on_a_gpu_both_parts_pass(tmp_path):
+    """The check itself, on CUDA at the real profile's shapes (a GPU machine: ``pytest -m gpu``)."""
+    done = _run("--device", "cuda", "--out", str(tmp_path), "--work", str(tmp_path / "work"), timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    report = json.loads((tmp_path / "device_check.json").read_text())
+    assert report["ok"] and report["finished"] and report["mode"] == "cuda"
+    assert {r["method"] for r in report["train"]} == {"grpo", "lopd"}
+    assert [e["fsdp"] for e in report["ema"]] == [1, 2] and all(e["ok"] for e in report["ema"])

@@ -62,13 +62,22 @@ def test_the_core_names_no_field_of_a_methods_own_config():
         assert not named, f"{path.relative_to(ROOT)} names fields of a method's own config: {sorted(named)}"
 
 
-def test_the_code_is_formatted_as_ruff_formats_it():
-    """The house style checks itself in the quick loop too, not only in CI (.ci/run)."""
+@pytest.mark.parametrize(
+    "check",
+    [
+        ["ruff", "check", "."],
+        ["ruff", "format", "--check", "."],
+        ["snakefmt", "--check", "Snakefile", "rules"],
+        ["mypy"],  # the files and settings are pyproject.toml's [tool.mypy]
+    ],
+    ids=lambda c: " ".join(c[:2]),
+)
+def test_the_house_rules_hold(check):
+    """The house rules check themselves in the quick loop too, not only in CI (.ci/run)."""
     import shutil
     import subprocess
 
-    ruff = shutil.which("ruff")
-    if ruff is None:
-        pytest.skip("ruff is not installed (the test extra pins it)")
-    out = subprocess.run([ruff, "format", "--check", "."], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    if shutil.which(check[0]) is None:
+        pytest.skip(f"{check[0]} is not installed (the test extra pins it)")
+    out = subprocess.run(check, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]

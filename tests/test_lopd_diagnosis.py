@@ -41,7 +41,8 @@ STEPS = [
         "lopd_beta": 0.0,
         "lopd_margin": 0.01,
     },
-    {"signal_share": 0.5, "retrieved_self": 0.75, "lopd_success_delta": 0.2, "lopd_failed_delta": -0.3, "lopd_beta": 0.02, "lopd_margin": 0.03},
+    {"signal_share": 0.5, "retrieved_self": 0.75, "lopd_success_delta": 0.2, "lopd_failed_delta": -0.3,
+     "lopd_beta": 0.02, "lopd_margin": 0.03},
     {
         "signal_share": 1.0,
         "retrieved_self": 0.5,

@@ -207,7 +207,8 @@ def test_teacher_check_reads_each_runs_first_gain_and_counts_passing_seeds(tmp_p
     teacher_check.main(["--runs", *runs, "--out-csv", str(csv), "--out-md", str(out_md)])
     head = report.headline_teacher_check(pd.read_csv(csv))
     assert head == [
-        "- Tool use, teacher sanity check (own context helps the teacher; nats/token, logged once per run): OPSD 3/3 seeds (mean +0.030), SDPO 1/3 seeds (mean -0.053)."
+        "- Tool use, teacher sanity check (own context helps the teacher; nats/token, logged once per run): "
+        "OPSD 3/3 seeds (mean +0.030), SDPO 1/3 seeds (mean -0.053)."
     ]
     assert "By kind" not in out_md.read_text() and teacher_check.kinds_of(pd.read_csv(csv)) == []
     teacher_check.main(

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 pytest.importorskip("verl")
 
 from methods.verl_backend import plugin  # noqa: E402
-from tests.test_verl_backend import _privileged_worker, _suite_config  # noqa: E402
+from tests.helpers.verl import _privileged_worker, _suite_config  # noqa: E402
 
 VOCAB = 48
 
@@ -560,7 +560,7 @@ def test_metrics_adapter_carries_sdfts_signal_share_under_the_suites_name(tmp_pa
     import json
 
     from methods.verl_backend.metrics import write_run_files
-    from tests.test_verl_backend import _fake_verl_run
+    from tests.helpers.verl import _fake_verl_run
 
     job = _sdft_job()
     job = dict(job, train=dict(job["train"], rollout_budget=128, rollouts_per_step=64, eval_every=64))

@@ -15,7 +15,7 @@ pytest.importorskip("verl")
 from omegaconf import OmegaConf  # noqa: E402
 
 from methods.verl_backend import plugin  # noqa: E402
-from tests.test_verl_backend import (  # noqa: E402
+from tests.helpers.verl import (  # noqa: E402
     ROWS,
     _check_resume,
     _domain_and_encoder,
@@ -342,7 +342,7 @@ def test_metrics_adapter_carries_skill_sds_metrics_into_the_run_files(tmp_path):
     import json
 
     from methods.verl_backend.metrics import KL_SUM, RESPONSE_TOKENS, TAUGHT_TOKENS, write_run_files
-    from tests.test_verl_backend import _fake_verl_run
+    from tests.helpers.verl import _fake_verl_run
 
     job = _skill_job()
     job = dict(job, train=dict(job["train"], rollout_budget=128, rollouts_per_step=64, eval_every=64))

@@ -12,7 +12,10 @@ from .lengths import length_groups
 if TYPE_CHECKING:
     from .rollout import Rollout
 
-torch = lazy_import("torch")  # loaded on first use: config resolution reads this module (methods/core/lazy.py)
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_import("torch")  # loaded on first use: config resolution reads this module (methods/core/lazy.py)
 
 
 @dataclass

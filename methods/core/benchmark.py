@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -162,7 +163,7 @@ def benchmark_eval(
     log = _Journal(journal, fingerprint)
     greedy, wall = _play(model, encoder, domain, tasks, greedy_cfg, batch_size, seed, f"{domain.name} greedy", log)
     mean, se = mean_se([r["reward"] for r in greedy])
-    out = {
+    out: dict[str, Any] = {
         "domain": domain.name,
         "domain_version": domain.version,
         "problems": len(tasks),

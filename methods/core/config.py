@@ -104,7 +104,8 @@ def resolve_job(config: dict[str, Any], domain: str, method: str | None = None) 
         out["heldout_domain"] = heldout
     if out["model"].get("checkpoint") and out["warmstart"].get("onpolicy_steps"):
         raise ValueError(
-            f"{domain}: warmstart.onpolicy_steps applies to the warm starts built here (stage 1's tokenizer and expert SFT); "
+            f"{domain}: warmstart.onpolicy_steps applies to the warm starts built here "
+            "(stage 1's tokenizer and expert SFT); "
             "a model.checkpoint is its own warm start: set warmstart.onpolicy_steps to 0"
         )
     if method is not None:
@@ -180,7 +181,8 @@ def cold_start_runs(config: dict[str, Any], domain: str) -> dict[str, list[str]]
             other = groups[key][0]
             diff = sorted(f for f in fields if fields[f] != seen[key][f])
             raise ValueError(
-                f"{name} and {other} share cold start {key} on {domain} but differ in {diff}; give them the same cold-start settings"
+                f"{name} and {other} share cold start {key} on {domain} but differ in {diff}; "
+                "give them the same cold-start settings"
             )
         seen.setdefault(key, fields)
         groups.setdefault(key, []).append(name)

@@ -65,7 +65,8 @@ def sdpo_reprompt(
     use_sibling: bool = True,
     use_feedback: bool = True,
 ) -> str | None:
-    """SDPO's teacher context for ``rollouts[i]`` (:func:`sdpo_parts` joined by :func:`sdpo_context`).  None: no signal."""
+    """SDPO's teacher context for ``rollouts[i]`` (:func:`sdpo_parts` joined by :func:`sdpo_context`).
+    None: no signal."""
     return sdpo_context(*sdpo_parts(rollouts, i, group, threshold, use_sibling, use_feedback))
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tasks.base import Task, format_trace
 
@@ -39,7 +40,10 @@ from .lazy import lazy_import, no_grad
 from .registry import Method, MethodConfig
 from .teacher import WEIGHT_SOURCES, Teacher
 
-torch = lazy_import("torch")  # loaded on first use: config resolution reads this module (methods/core/lazy.py)
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_import("torch")  # loaded on first use: config resolution reads this module (methods/core/lazy.py)
 
 __all__ = [
     "DivergenceConfig",
@@ -169,7 +173,8 @@ def checked_gain(method: str, gain: float) -> float:
     method has little to distil, and the warm start cannot read that kind of context)."""
     if gain <= 0:
         print(
-            f"[{method}] warning: the teacher's privileged context changes the expert actions' log-likelihood by {gain:+.4f} nats/token "
+            f"[{method}] warning: the teacher's privileged context changes the expert actions' log-likelihood "
+            f"by {gain:+.4f} nats/token "
             "(<= 0): the warm start cannot use this context, so distillation has little to give",
             file=sys.stderr,
             flush=True,
@@ -194,7 +199,7 @@ def gain_record(
     out = {"teacher_context_gain": context_gain(teacher, tasks, ctxs), "teacher_context_pairs": len(tasks)}
     out.update(failed_attempt_shift(teacher, rollouts, contexts))
     for kind in sorted({k for k in kinds or () if k is not None}):
-        sel = [(r, c) for r, c, k in zip(rollouts, contexts, kinds) if k == kind]
+        sel = [(r, c) for r, c, k in zip(rollouts, contexts, kinds or ()) if k == kind]
         tasks, ctxs = pairs(sel)
         out[f"teacher_context_gain_{kind}"] = context_gain(teacher, tasks, ctxs)
         out[f"teacher_context_pairs_{kind}"] = len(tasks)

@@ -48,6 +48,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
+from typing import NoReturn
 
 #: seconds the server stays up with no job running (LOPD_FORKSERVER_IDLE_S overrides it)
 IDLE_S = 120.0
@@ -118,7 +119,7 @@ def _recv(sock: socket.socket, with_fds: int = 0):
 
 
 # --- client -------------------------------------------------------------------------------------
-def _direct(module: str, args: list[str]) -> None:
+def _direct(module: str, args: list[str]) -> NoReturn:
     os.execv(sys.executable, [sys.executable, "-m", module, *args])
 
 
@@ -166,6 +167,7 @@ def run(module: str, args: list[str]) -> int:
                 file=sys.stderr,
             )
             _direct(module, args)
+    assert sock is not None  # connected, or _direct replaced this process
     # Signals go to the job. The handlers are in place before the job can start, and a signal that
     # comes before the server has said the job's pid waits for it: the job may already be running
     # (and printing) while the reply is on its way.
@@ -332,19 +334,19 @@ def serve(key: str) -> None:
                 break
             if pid == 0:
                 break
-            conn = jobs.pop(pid, None)
-            if conn is None:
+            finished = jobs.pop(pid) if pid in jobs else None
+            if finished is None:
                 continue
             code = os.waitstatus_to_exitcode(status)
             try:
-                _send(conn, {"status": code if code >= 0 else 128 - code})
+                _send(finished, {"status": code if code >= 0 else 128 - code})
             except OSError:
                 pass
             try:
-                sel.unregister(conn)
+                sel.unregister(finished)
             except KeyError:  # its client had gone already
                 pass
-            conn.close()
+            finished.close()
         if jobs:
             last = time.monotonic()
         elif time.monotonic() - last > idle_s:

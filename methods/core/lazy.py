@@ -33,6 +33,8 @@ def lazy_import(name: str) -> ModuleType:
     spec = importlib.util.find_spec(name)
     if spec is None:
         raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+    if spec.loader is None:
+        raise ModuleNotFoundError(f"module {name!r} has no loader (a namespace package?)", name=name)
     loader = importlib.util.LazyLoader(spec.loader)
     spec.loader = loader
     module = importlib.util.module_from_spec(spec)

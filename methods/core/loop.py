@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -201,7 +201,8 @@ class _Training:
             state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
             if state.get("fingerprint", "") != self.fingerprint:
                 _log(
-                    f"[{label}] {ckpt_path} belongs to another job (settings, warm start or code changed): starting afresh"
+                    f"[{label}] {ckpt_path} belongs to another job (settings, warm start or code changed): "
+                    "starting afresh"
                 )
                 ckpt_path.unlink()
                 metrics.path.unlink(missing_ok=True)
@@ -216,7 +217,8 @@ class _Training:
             self.evals_done = state["evals_done"]
             metrics.truncate_to_step(self.ledger.steps)
             _log(
-                f"[{label}] resumed from {ckpt_path} at step {self.ledger.steps}, {self.ledger.rollouts}/{self.ledger.rollout_budget} rollouts"
+                f"[{label}] resumed from {ckpt_path} at step {self.ledger.steps}, "
+                f"{self.ledger.rollouts}/{self.ledger.rollout_budget} rollouts"
             )
         elif metrics.path.exists():
             metrics.path.unlink()  # a previous attempt died before its first checkpoint
@@ -274,7 +276,8 @@ class _Training:
         }
         self.metrics.write(rec)
         _log(
-            f"[{self.label}] eval at {ledger.rollouts}/{ledger.rollout_budget} rollouts: heldout_reward {res['heldout_reward']:.3f}"
+            f"[{self.label}] eval at {ledger.rollouts}/{ledger.rollout_budget} rollouts: "
+            f"heldout_reward {res['heldout_reward']:.3f}"
         )
         return rec
 
@@ -282,7 +285,7 @@ class _Training:
         """The evaluation at the spent budget (made now if the last one was earlier)."""
         final = [r for r in self.metrics.records() if r["kind"] == "eval"]
         if not final or final[-1]["rollouts"] != self.ledger.rollouts:
-            final.append(self.evaluate_if_due(force=True))
+            final.append(cast(dict[str, Any], self.evaluate_if_due(force=True)))  # forced: always a record
             self.checkpoint()
         return final[-1]
 
@@ -327,7 +330,8 @@ class _Training:
         done_now = ledger.rollouts - self.r_start
         eta = (time.perf_counter() - self.t_start) / max(done_now, 1) * ledger.remaining
         _log(
-            f"[{self.label}] step {ledger.steps} rollouts {ledger.rollouts}/{ledger.rollout_budget} train_reward {rec['train_reward']:.3f} loss {step_metrics.get('loss', float('nan')):.4f} eta {eta:.0f}s"
+            f"[{self.label}] step {ledger.steps} rollouts {ledger.rollouts}/{ledger.rollout_budget} "
+            f"train_reward {rec['train_reward']:.3f} loss {step_metrics.get('loss', float('nan')):.4f} eta {eta:.0f}s"
         )
 
 

@@ -55,7 +55,7 @@ def load_policy(path: str | Path, device: str | torch.device = "cpu", dtype: tor
         raise FileNotFoundError(f"no model checkpoint at {path} (expected {path / 'config.json'})")
     tokenizer = load_tokenizer(path)
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype or torch.float32)
-    return model.to(device), tokenizer
+    return model.to(device), tokenizer  # type: ignore[arg-type]  # transformers types .to() by a decorator
 
 
 def load_tokenizer(path: str | Path):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
@@ -71,6 +72,13 @@ class _SlabLayer(DynamicLayer):
     (once per turn) or when a write would overflow it.  ``keys``/``values`` are
     views of the filled part, so the model sees an ordinary cache.
     """
+
+    # the slab (None before the first write: the methods below check ``is_initialized``) and its filled length
+    _k: Any
+    _v: Any
+    _n: int
+    keys: Any  # views of the slab's filled part (DynamicLayer's own attributes, None before the first write)
+    values: Any
 
     def lazy_initialization(self, key_states, value_states) -> None:
         super().lazy_initialization(key_states, value_states)
@@ -157,12 +165,17 @@ class _SlabCache(Cache):
     def __init__(self):
         super().__init__(layer_class_to_replicate=_SlabLayer)
 
+    @property
+    def slabs(self) -> list[_SlabLayer]:
+        """The layers, each a :class:`_SlabLayer` (``layer_class_to_replicate``)."""
+        return cast(list[_SlabLayer], self.layers)
+
     def reserve(self, extra: int) -> None:
-        for layer in self.layers:
+        for layer in self.slabs:
             layer.reserve(extra)
 
     def gather(self, columns: torch.Tensor, extra: int) -> None:
-        for layer in self.layers:
+        for layer in self.slabs:
             layer.gather(columns, extra)
 
 
@@ -204,7 +217,7 @@ class _Batch:
         self.headroom = 0  # tokens the next decode will add: reserved when the cache is rebuilt
         self.attn = torch.zeros((len(prompts), 0), dtype=torch.long, device=self.device)
         self.length = torch.zeros((len(prompts), 1), dtype=torch.long, device=self.device)  # real tokens per row
-        self.logits = None  # next-token logits of every row
+        self.logits: Any = None  # next-token logits of every row (set by extend below)
         self.extend(prompts)
 
     def _forward(self, ids: torch.Tensor, real: torch.Tensor) -> None:
@@ -244,7 +257,7 @@ class _Batch:
         past = self.attn.shape[1]
         pos = (self.length + real.cumsum(-1) - 1).clamp(min=0)
         attn = torch.cat([self.attn, real], dim=1)
-        for layer in self.cache.layers:
+        for layer in self.cache.slabs:
             layer.open(W)
         logits = None
         for rows in groups:
@@ -252,7 +265,7 @@ class _Batch:
             idx = torch.tensor(rows, dtype=torch.long, device=self.device)
             sub = _SlabCache()
             if past:
-                for li, layer in enumerate(self.cache.layers):
+                for li, layer in enumerate(self.cache.slabs):
                     sub.update(layer.keys[idx], layer.values[idx], li)
                 sub.reserve(w)
             cols = torch.cat([attn[idx, :past], attn[idx, past + W - w :]], dim=1)
@@ -264,14 +277,14 @@ class _Batch:
                 use_cache=True,
                 logits_to_keep=1,
             )
-            while len(self.cache.layers) < len(sub.layers):
-                self.cache.layers.append(_SlabLayer())
-            for layer, new in zip(self.cache.layers, sub.layers):
+            while len(self.cache.slabs) < len(sub.slabs):
+                self.cache.slabs.append(_SlabLayer())
+            for layer, new in zip(self.cache.slabs, sub.slabs):
                 layer.write(idx, past + W - w, new.keys[:, :, past:], new.values[:, :, past:], B, W + self.headroom)
             if logits is None:
                 logits = out.logits.new_empty((B, out.logits.shape[-1]))
             logits[idx] = out.logits[:, -1, :]
-        for layer in self.cache.layers:
+        for layer in self.cache.slabs:
             layer.advance(W)
         self.attn = attn
         self.length = self.length + real.sum(-1, keepdim=True)
@@ -350,8 +363,8 @@ class _Batch:
                 self.feed(tok[running], alive[running])
                 logits[running] = self.logits
             running, logits = self._park(done, running, parked, logits)
-        if parked:
-            self._unpark(parked, running, logits)
+        if parked:  # rows were parked, so some still ran: ``running`` is set
+            self._unpark(parked, cast(torch.Tensor, running), logits)
         gen = torch.stack(steps, dim=1).tolist()
         lps = torch.stack(step_logp, dim=1).tolist() if return_logprobs else None
         last_alive = live[-1].tolist()
@@ -379,8 +392,8 @@ class _Batch:
         parked.append(
             _RowsAside(
                 rows[off],
-                [layer.keys[off] for layer in self.cache.layers],
-                [layer.values[off] for layer in self.cache.layers],
+                [layer.keys[off] for layer in self.cache.slabs],
+                [layer.values[off] for layer in self.cache.slabs],
                 self.attn[off],
                 self.length[off],
             )
@@ -391,7 +404,7 @@ class _Batch:
 
     def _unpark(self, parked: list[_RowsAside], running: torch.Tensor, logits: torch.Tensor) -> None:
         """Merge parked rows and running rows back into one left-padded cache layout, rows in order."""
-        layers = self.cache.layers
+        layers = self.cache.slabs
         chunks = [
             *parked,
             _RowsAside(running, [la.keys for la in layers], [la.values for la in layers], self.attn, self.length),
@@ -483,6 +496,7 @@ def _run_chunk(model, encoder, domain, tasks, contexts, cfg, generator) -> list[
     active = [i for i, ep in enumerate(episodes) if not ep.done]
     batch = _Batch(model, [ids[i] for i in active], encoder.pad_id) if active else None
     while active:
+        batch = cast(_Batch, batch)  # built above whenever a row is active
         room = [cfg.max_seq_len - len(ids[i]) for i in active]
         gens, gen_lp, unfed = batch.decode(
             encoder.eos_id, max(1, min(cfg.max_new_tokens, max(room))), cfg.temperature, generator, True

@@ -95,11 +95,13 @@ class TrainConfig:
             raise ValueError("train.grad_clip must be > 0 and train.weight_decay >= 0")
         if self.curve_eval_episodes is not None and not (1 <= self.curve_eval_episodes <= self.eval_episodes):
             raise ValueError(
-                f"train.curve_eval_episodes must be null or in [1, eval_episodes ({self.eval_episodes})], got {self.curve_eval_episodes}"
+                f"train.curve_eval_episodes must be null or in [1, eval_episodes ({self.eval_episodes})], "
+                f"got {self.curve_eval_episodes}"
             )
         if self.eval_every % self.rollouts_per_step:
             raise ValueError(
-                f"train.eval_every ({self.eval_every}) must be a multiple of train.rollouts_per_step ({self.rollouts_per_step}), so that every method is evaluated at the same rollout counts"
+                f"train.eval_every ({self.eval_every}) must be a multiple of train.rollouts_per_step "
+                f"({self.rollouts_per_step}), so that every method is evaluated at the same rollout counts"
             )
         if self.temperature <= 0 or self.eval_temperature < 0:
             raise ValueError("train.temperature must be > 0 and train.eval_temperature >= 0")
@@ -180,7 +182,8 @@ class WarmStartConfig:
                 raise ValueError(f"warmstart.{name} must be in [0, 1], got {getattr(self, name)}")
         if self.same_task_share + self.feedback_share + self.skill_share > 1.0 + 1e-9:
             raise ValueError(
-                f"warmstart.same_task_share + feedback_share + skill_share must be <= 1 (shares of the context demonstrations), "
+                "warmstart.same_task_share + feedback_share + skill_share must be <= 1 "
+                "(shares of the context demonstrations), "
                 f"got {self.same_task_share} + {self.feedback_share} + {self.skill_share}"
             )
         if self.demo_recovery is not None and not (0.0 <= self.demo_recovery <= 1.0):

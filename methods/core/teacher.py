@@ -31,7 +31,10 @@ from .lazy import lazy_import, no_grad
 if TYPE_CHECKING:
     from .rollout import Rollout
 
-torch = lazy_import("torch")  # loaded on first use: config resolution reads this module (methods/core/lazy.py)
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_import("torch")  # loaded on first use: config resolution reads this module (methods/core/lazy.py)
 
 __all__ = ["Teacher", "WEIGHT_SOURCES"]
 

@@ -331,7 +331,8 @@ def sft(model, examples, pad_id: int, cfg: WarmStartConfig, seed: int, log_every
         if (step + 1) % log_every == 0 or step + 1 == cfg.steps:
             eta = (time.perf_counter() - t0) / (step + 1) * (cfg.steps - step - 1)
             print(
-                f"[warmstart] step {step + 1}/{cfg.steps} nll {sum(losses[-log_every:]) / len(losses[-log_every:]):.4f} eta {eta:.0f}s",
+                f"[warmstart] step {step + 1}/{cfg.steps} "
+                f"nll {sum(losses[-log_every:]) / len(losses[-log_every:]):.4f} eta {eta:.0f}s",
                 file=sys.stderr,
                 flush=True,
             )
@@ -475,9 +476,10 @@ def warm_start(
             int(round(len(examples) * cfg.copy_share / (1 - cfg.copy_share))) if cfg.copy_share < 1 else len(examples)
         )
         examples += copy_examples(encoder, corpus, n_copy, rng)
-    model = build_policy(model_cfg, tokenizer, seed).to(device)
+    model = build_policy(model_cfg, tokenizer, seed).to(device)  # type: ignore[arg-type]  # transformers' .to() typing
     print(
-        f"[warmstart] {domain.name} seed {seed}: {len(examples)} demos, {count_parameters(model) / 1e6:.2f} M parameters, vocab {len(tokenizer)}",
+        f"[warmstart] {domain.name} seed {seed}: {len(examples)} demos, "
+        f"{count_parameters(model) / 1e6:.2f} M parameters, vocab {len(tokenizer)}",
         file=sys.stderr,
         flush=True,
     )

@@ -92,13 +92,15 @@ def onpolicy_stage(model, encoder, domain, cfg, sampling: SamplingConfig, seed: 
     examples = onpolicy_examples(domain, encoder, rollouts, cfg.onpolicy_group, expert, rng)
     if not examples:
         raise ValueError(
-            f"the on-policy stage found nothing to train on in {len(rollouts)} samples (no failure with feedback, no same-group task): "
+            f"the on-policy stage found nothing to train on in {len(rollouts)} samples "
+            "(no failure with feedback, no same-group task): "
             "raise warmstart.onpolicy_tasks"
         )
     replay_eps = [e for e in expert_episodes(domain, spare[: len(examples)]) if e.reward() == 1.0]
     replay = build_examples(domain, encoder, replay_eps, cfg, rng)
     print(
-        f"[warmstart] on-policy stage: {len(rollouts)} samples (reward {sum(r.reward for r in rollouts) / len(rollouts):.3f}), "
+        f"[warmstart] on-policy stage: {len(rollouts)} samples "
+        f"(reward {sum(r.reward for r in rollouts) / len(rollouts):.3f}), "
         f"{len(examples)} own-sample contexts + {len(replay)} replayed demonstrations, {cfg.onpolicy_steps} steps",
         file=sys.stderr,
         flush=True,

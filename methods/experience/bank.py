@@ -55,7 +55,8 @@ class LeakError(ValueError):
 def _check_split(task: Task) -> None:
     if task.split != "train":
         raise LeakError(
-            f"task {task.task_id} is from the {task.split!r} split; only training-split trajectories may enter the experience bank"
+            f"task {task.task_id} is from the {task.split!r} split; "
+            "only training-split trajectories may enter the experience bank"
         )
 
 

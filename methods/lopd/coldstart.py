@@ -208,7 +208,8 @@ def cold_start(
     report["train_logprob_before"] = mean_latent_logprob(composer, domain, probe, device) if probe else 0.0
     if not train or cfg.cold_start_steps == 0:
         log(
-            f"[coldstart] nothing to train on ({len(train)} examples, {cfg.cold_start_steps} steps): φ0 is the initial composer"
+            f"[coldstart] nothing to train on ({len(train)} examples, {cfg.cold_start_steps} steps): "
+            "φ0 is the initial composer"
         )
         report["after"] = report["before"]
         report["train_logprob_after"] = report["train_logprob_before"]
@@ -240,7 +241,8 @@ def cold_start(
             t0 += time.perf_counter() - was  # train_s counts training only
         if (step + 1) % 50 == 0 or step + 1 == cfg.cold_start_steps:
             log(
-                f"[coldstart] step {step + 1}/{cfg.cold_start_steps} nll {sum(losses[-50:]) / len(losses[-50:]):.4f} ({time.perf_counter() - t0:.0f}s)"
+                f"[coldstart] step {step + 1}/{cfg.cold_start_steps} nll {sum(losses[-50:]) / len(losses[-50:]):.4f} "
+                f"({time.perf_counter() - t0:.0f}s)"
             )
     report.update(
         {

@@ -163,7 +163,8 @@ class LatentComposer(nn.Module):
         own = self.trainable_state()
         if set(state) != set(own):
             raise ValueError(
-                f"composer state mismatch: missing {sorted(set(own) - set(state))[:3]}, unexpected {sorted(set(state) - set(own))[:3]}"
+                f"composer state mismatch: missing {sorted(set(own) - set(state))[:3]}, "
+                f"unexpected {sorted(set(state) - set(own))[:3]}"
             )
         with torch.no_grad():
             for n, p in own.items():
@@ -207,7 +208,8 @@ class LatentComposer(nn.Module):
         return self.qformer(hidden, attn)
 
     def compose(self, task_prompts: Sequence[str], hits) -> tuple[list[torch.Tensor], torch.Tensor, list[list[int]]]:
-        """Latents for tasks and their retrieved items: per task [len(hits)·K, d], all items [items, K, d], and the item ids."""
+        """Latents for tasks and their retrieved items: per task [len(hits)·K, d], all items [items, K, d],
+        and the item ids."""
         ids = self.encode_items([item_text(p, e) for p, hs in zip(task_prompts, hits) for e in hs])
         lat = self(ids)
         return list(torch.split(lat.flatten(0, 1), [len(h) * self.n_latents for h in hits])), lat, ids

@@ -239,7 +239,8 @@ class LOPD(Method):
         b, a = report["before"], report["after"]
         print(
             f"[coldstart] {report['train_examples']} training / {report['heldout_examples']} held-out successes; "
-            f"latent gain {b['latent_gain']:+.4f} -> {a['latent_gain']:+.4f} nats/token (text context {a['text_gain']:+.4f}, "
+            f"latent gain {b['latent_gain']:+.4f} -> {a['latent_gain']:+.4f} nats/token "
+            f"(text context {a['text_gain']:+.4f}, "
             f"own solution {a['solution_gain']:+.4f}, random latents {a['random_gain']:+.4f})",
             file=sys.stderr,
         )
@@ -296,7 +297,8 @@ class LOPD(Method):
         ]
 
     def compose(self, tasks, hits) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
-        """Per task: latents [len(hits)·K, d] (grad to φ when it trains), plus all latents and their anchors [items, K, d]."""
+        """Per task: latents [len(hits)·K, d] (grad to φ when it trains), plus all latents and their anchors
+        [items, K, d]."""
         keys = [(t.task_id, e.task_id) for t, hs in zip(tasks, hits) for e in hs]
         with torch.set_grad_enabled(self.cfg.train_composer):
             per_task, lat, ids = self.composer.compose([t.prompt for t in tasks], hits)

@@ -137,7 +137,8 @@ class PrivilegedAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
             return
         if section.get("teacher_context") != "skill":
             raise ValueError(
-                f"{SECTION}.teacher_context {section.get('teacher_context')!r}: only Skill-SD's teacher is scored on the "
+                f"{SECTION}.teacher_context {section.get('teacher_context')!r}: "
+                "only Skill-SD's teacher is scored on the "
                 f"rollout servers; a privileged teacher in the actor workers needs {SECTION}.teacher_in_trainer"
             )
         limit = section.get("teacher_max_len")

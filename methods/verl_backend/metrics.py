@@ -12,8 +12,8 @@ A verl run leaves two records this adapter reads:
   with their standard error, so they are computed from these lines, not from verl's aggregates.
 
 A step's rollouts are the job's ``train.rollouts_per_step`` (the generated config makes
-``data.train_batch_size`` x ``rollout.n`` equal to it), so the ledger is exact.  A run whose last validation is not at the budget is
-refused: Table 1 compares methods at one budget.
+``data.train_batch_size`` x ``rollout.n`` equal to it), so the ledger is exact.  A run whose last
+validation is not at the budget is refused: Table 1 compares methods at one budget.
 """
 
 from __future__ import annotations

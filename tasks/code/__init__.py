@@ -23,8 +23,8 @@ start's demonstrations without a context block) writes the program the task
 line asks for and ignores the project's unstated conventions; when the failing
 test names one (``failed test 3: f([]) returned 0, expected -1 (project rule: an
 empty list returns -1)``) it writes the project's program with probability
-``recovery``, else submits the same program again.  The cue, a failing test, looks the same in every project, seen or not,
-so learning to act on it is headroom that transfers (docs/testbed.md).
+``recovery``, else submits the same program again.  The cue, a failing test, looks the same in every
+project, seen or not, so learning to act on it is headroom that transfers (docs/testbed.md).
 """
 
 from __future__ import annotations

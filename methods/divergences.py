@@ -43,6 +43,7 @@ __all__ = [
     "reverse_kl",
     "jsd",
     "topk_tail",
+    "topk_tail_from_logp",
     "sampled_token_reverse_kl",
     "token_mean",
     "divergence",
@@ -119,7 +120,13 @@ def topk_tail(
     s, t = _sides(student_logits, teacher_logits, grad_to)
     k = min(m, s.shape[-1])
     idx = torch.topk(t.detach() if support == "teacher" else s.detach(), k, dim=-1).indices
-    s_bins, t_bins = _with_tail(s.gather(-1, idx)), _with_tail(t.gather(-1, idx))
+    return topk_tail_from_logp(s.gather(-1, idx), t.gather(-1, idx), reverse)
+
+
+def topk_tail_from_logp(student_logp: Tensor, teacher_logp: Tensor, reverse: bool = True) -> Tensor:
+    """:func:`topk_tail` from both sides' log-probabilities ``[..., M]`` at the same M support tokens
+    (where only those are at hand: a teacher's top-M rows on verl, ``methods/verl_backend/plugin.py``)."""
+    s_bins, t_bins = _with_tail(student_logp), _with_tail(teacher_logp)
     return _kl_from_logp(s_bins, t_bins) if reverse else _kl_from_logp(t_bins, s_bins)
 
 

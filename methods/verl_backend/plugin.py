@@ -22,9 +22,17 @@ verl imports every entry point of the ``verl.plugins`` group in each of its proc
   KL's gradient; verl's ``k1`` estimator has the same value in expectation but a gradient that
   ignores the teacher.
 
-The full-vocabulary divergences (forward/reverse KL, JSD, top-k with tail) need the student's
-logits, which verl shows only to a logits processor, and verl's teacher servers return top-k
-log-probabilities only; none of them has a verl path (OPSD uses verl's top-k forward KL).
+* distillation ``loss_mode=lopd_bench_topk_tail_reverse_kl`` -- the suite's top-k + tail reverse KL
+  (:func:`methods.divergences.topk_tail`, SDPO's divergence, on the teacher's support): KL(π_S ‖ π_T)
+  over the teacher's top-k tokens and one bucket for the rest.  It needs the student's full logits,
+  which verl shows only to its logits processor, and verl's processor
+  (``distillation.losses.compute_topk_loss``) computes forward KL whatever the loss mode; so the
+  plugin replaces that dispatch with one that computes this loss for this mode and leaves every
+  other mode to verl's own.
+
+The other full-vocabulary divergences (forward/reverse KL over the whole vocabulary, JSD) need the
+teacher's full distribution, which no verl teacher returns; they have no verl path (OPSD and SDFT use
+verl's top-k forward KL).
 
 Registration is idempotent: importing the module twice (verl's plugin loader and a direct import)
 registers each name once.
@@ -38,7 +46,7 @@ import torch
 from verl.trainer.distillation import losses as verl_distill
 from verl.trainer.ppo import core_algos
 
-from methods.divergences import sampled_token_reverse_kl
+from methods.divergences import sampled_token_reverse_kl, topk_tail_from_logp
 from methods.grpo import groups_with_variance
 from methods.losses import group_ids, grpo_outcome_advantage, ppo_clip_loss
 from methods.skill_sd import SkillSDConfig
@@ -49,6 +57,7 @@ __all__ = [
     "ADV_ESTIMATOR_KEEP",
     "POLICY_LOSS",
     "DISTILLATION_LOSS",
+    "TOPK_TAIL_LOSS",
     "IS_CLIP",
     "NO_TEACHER",
     "global_scale",
@@ -187,6 +196,55 @@ def sampled_reverse_kl(config, distillation_config, model_output, data) -> tuple
     return per_token, {k: Metric(AggregationType.SUM, v) for k, v in sums.items()}
 
 
+#: the suite's top-k + tail reverse KL (SDPO's divergence) as a verl distillation loss mode
+TOPK_TAIL_LOSS = "lopd_bench_topk_tail_reverse_kl"
+
+
+def topk_tail_rows(student_logits, teacher_topk_log_probs, teacher_topk_ids, config, data_format) -> dict:
+    """Per token, KL(π_S ‖ π_T) on the teacher's top-k tokens plus a tail bucket
+    (:func:`methods.divergences.topk_tail_from_logp`), from the student's logits ``[1, nnz, V]`` and
+    the teacher's top-k rows (nested, one per sequence), in verl's logits processor: the contract of
+    verl's ``fsdp.losses.compute_forward_kl_topk`` (same inputs, ``distillation_losses``,
+    ``student_mass`` and ``teacher_mass`` per token), sequence-parallel slices included."""
+    from verl.utils.ulysses import get_ulysses_sequence_parallel_world_size, slice_input_tensor
+
+    assert teacher_topk_log_probs.is_nested and teacher_topk_ids.is_nested
+    teacher_lp = teacher_topk_log_probs.values().unsqueeze(0)  # (1, total_nnz, k)
+    teacher_ids = teacher_topk_ids.values().unsqueeze(0)
+    if get_ulysses_sequence_parallel_world_size() > 1:
+        teacher_lp = slice_input_tensor(teacher_lp, dim=1)
+        teacher_ids = slice_input_tensor(teacher_ids, dim=1)
+    assert teacher_lp.shape[:2] == teacher_ids.shape[:2] == student_logits.shape[:2]
+    student_lp = torch.log_softmax(student_logits.float(), dim=-1).gather(-1, teacher_ids.long())
+    teacher_lp = teacher_lp.float()
+    return {
+        "distillation_losses": topk_tail_from_logp(student_lp, teacher_lp, reverse=True),
+        "student_mass": student_lp.detach().exp().sum(-1),
+        "teacher_mass": teacher_lp.exp().sum(-1),
+    }
+
+
+def _dispatch_topk_loss() -> None:
+    """Route verl's logits-processor loss by loss mode: :func:`topk_tail_rows` for
+    :data:`TOPK_TAIL_LOSS`, verl's own for every other mode (its ``compute_topk_loss`` runs forward
+    KL whatever the mode).  Idempotent: verl's original is kept on the module once."""
+    original = getattr(verl_distill, "_lopd_bench_verl_compute_topk_loss", None)
+    if original is None:
+        original = verl_distill.compute_topk_loss
+        verl_distill._lopd_bench_verl_compute_topk_loss = original
+
+    def compute_topk_loss(config, distillation_config, data, student_logits, data_format):
+        if distillation_config.distillation_loss.loss_mode != TOPK_TAIL_LOSS:
+            return original(config, distillation_config, data, student_logits, data_format)
+        if config.strategy not in ("fsdp", "fsdp2"):
+            raise NotImplementedError(f"{TOPK_TAIL_LOSS} runs on the fsdp strategies, not {config.strategy!r}")
+        return topk_tail_rows(
+            student_logits, data["teacher_logprobs"], data["teacher_ids"], distillation_config, data_format
+        )
+
+    verl_distill.compute_topk_loss = compute_topk_loss
+
+
 def _ours(registered, fn) -> bool:
     """``registered`` is ``fn`` or an earlier copy of it: this module run again (a second import after
     one that failed half-way, e.g. verl's plugin loader meeting a circular import, or a reload)."""
@@ -215,6 +273,12 @@ def register() -> None:
     else:
         settings = verl_distill.DistillationLossSettings(names=[DISTILLATION_LOSS], use_estimator=True)
         verl_distill.register_distillation_loss(settings)(sampled_reverse_kl)
+    # the top-k + tail reverse KL: its per-token values come from the logits processor (below), and the
+    # final loss reads them as verl's top-k forward KL reads its own (the same function, another name)
+    if TOPK_TAIL_LOSS not in verl_distill.DISTILLATION_LOSS_REGISTRY:
+        settings = verl_distill.DistillationLossSettings(names=[TOPK_TAIL_LOSS], use_topk=True)
+        verl_distill.register_distillation_loss(settings)(verl_distill.compute_forward_kl_topk)
+    _dispatch_topk_loss()
 
 
 register()

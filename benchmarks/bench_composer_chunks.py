@@ -1,4 +1,6 @@
-"""LOPD's composer: forward + backward time of one step's retrieved items by chunk size, and
+"""No stated target: measures LOPD's composer time by chunk size; the fastest chunk with max_abs_diff ~0 wins.
+
+LOPD's composer: forward + backward time of one step's retrieved items by chunk size, and
 how far the chunked latents are from one batch of all items.
 
     python benchmarks/bench_composer_chunks.py --domain code --items 96

@@ -1,4 +1,6 @@
-"""Generation efficiency: the rollout engine's achieved fp32 FLOP/s against the machine's
+"""Target: generation at >= 25 % of the fp32 matmul peak. Per batch size, efficiency_vs_peak >= 0.25 meets it.
+
+Generation efficiency: the rollout engine's achieved fp32 FLOP/s against the machine's
 measured fp32 matmul peak (target: >= 25 %).
 
     python benchmarks/bench_generation.py --warmstart results/small/warmstart/code --domain code

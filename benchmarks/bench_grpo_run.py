@@ -1,4 +1,6 @@
-"""Wall time of one small-profile training run (one domain, one seed, the default budget,
+"""Target: a small-profile GRPO run in <= 80 s on one core. Prints wall_s; at most target_s (80) meets it.
+
+Wall time of one small-profile training run (one domain, one seed, the default budget,
 held-out evaluations included) on one core.  Target: <= 80 s for GRPO.
 
     python benchmarks/bench_grpo_run.py --domain tooluse --warmstart results/small/warmstart/tooluse

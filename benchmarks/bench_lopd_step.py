@@ -1,4 +1,6 @@
-"""A LOPD training step against a GRPO step at the same number of rollouts (issue 38's target:
+"""Target: LOPD's step at most 3x GRPO's (issue 38). The last line's over_grpo is the ratio; <= 3 meets it.
+
+A LOPD training step against a GRPO step at the same number of rollouts (issue 38's target:
 LOPD <= 3x GRPO), measured in one invocation on the small profile, and where LOPD's time goes.
 
     python benchmarks/bench_lopd_step.py --domain code

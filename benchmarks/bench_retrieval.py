@@ -1,4 +1,6 @@
-"""Speed of the experience bank: embedding throughput, retrieval latency at bank sizes
+"""No stated target: measures the bank's embedding rate, search latency by size and share of a step (JSON).
+
+Speed of the experience bank: embedding throughput, retrieval latency at bank sizes
 1k / 10k / 100k, and the share of a retrieval-RL training step spent on retrieval.
 
     python benchmarks/bench_retrieval.py [--run results/small/runs/tooluse/retrieval_rl/seed0]

@@ -1,4 +1,6 @@
-"""Rollout-engine throughput: rollouts/s and generated tokens/s on a warm start.
+"""No stated target: measures the rollout engine's rollouts/s and tokens/s per batch size (higher is faster).
+
+Rollout-engine throughput: rollouts/s and generated tokens/s on a warm start.
 
     python benchmarks/bench_rollout.py --warmstart results/small/warmstart/tooluse --domain tooluse
 

@@ -1,4 +1,6 @@
-"""Sandbox throughput: trivial programs per second through the worker pool.
+"""No stated target: measures the code sandbox's isolation overhead as programs_per_s (higher is faster).
+
+Sandbox throughput: trivial programs per second through the worker pool.
 
 Each program is a one-line function checked on one test, so the number measures
 the isolation overhead (fork, confinement, pipes, temp dir, judging), which is

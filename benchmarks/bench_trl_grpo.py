@@ -1,4 +1,6 @@
-"""Training throughput (student rollouts/s) of this suite's GRPO against TRL's ``GRPOTrainer``,
+"""Target: the suite's GRPO at >= 2x TRL GRPOTrainer's rollouts/s. Prints ratio (suite / TRL); >= 2 meets it.
+
+Training throughput (student rollouts/s) of this suite's GRPO against TRL's ``GRPOTrainer``,
 on the code domain, the same warm start, tokenizer, training tasks and number of rollouts.
 Target: the suite's rollouts/s >= 2x TRL's.
 

@@ -1,4 +1,6 @@
-"""Wall times of the workflow itself, each from a fresh clone of the current commit: how long
+"""Target (issue 21): parse <= 2 s, quick loop <= 2 min, smoke Table 1 < 2 min, 2 cores; read each seconds.
+
+Wall times of the workflow itself, each from a fresh clone of the current commit: how long
 Snakemake takes to parse the grid, how long the quick test loop takes, and how long the smoke
 profile takes to build Table 1.  Issue 21's targets: parse at most 2 s, quick loop at most 2
 minutes, smoke Table 1 under 2 minutes, all on 2 cores.

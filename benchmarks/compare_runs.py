@@ -1,4 +1,6 @@
-"""Are two trees of runs the same science?  Every run's metrics compared record by record, timings left out.
+"""Check: two trees of runs are bit-identical (metrics, optionally checkpoints); all IDENTICAL (exit 0) passes.
+
+Are two trees of runs the same science?  Every run's metrics compared record by record, timings left out.
 
     python benchmarks/compare_runs.py /tmp/before/results/smoke/runs results/smoke/runs
     python benchmarks/compare_runs.py OLD NEW --methods grpo opsd   # only these methods

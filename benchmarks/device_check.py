@@ -1,4 +1,6 @@
-"""GPU check that fits a lent GPU machine (issue 39, item 6).  ``benchmarks/device_check.sh`` runs it;
+"""Check: GRPO, LOPD and verl's EMA teacher on one lent GPU (issue 39); device_check.json ok (exit 0) passes.
+
+GPU check that fits a lent GPU machine (issue 39, item 6).  ``benchmarks/device_check.sh`` runs it;
 its header says what this needs, what a session carries to the machine and how it is run.
 
     python benchmarks/device_check.py                      # on one GPU: the real profile's shapes

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Check: GRPO, LOPD and verl's EMA teacher on one lent GPU (issue 39); $OUT/device_check.json ok (exit 0) passes.
 # GPU check sized for this workplace's lent GPU machines (issue 39, item 6); benchmarks/device_check.py
 # does the work and its docstring says what each part checks.
 #   1. The suite's own loop (methods.cli coldstart / train, in one process) for GRPO and LOPD on the code

@@ -1,4 +1,6 @@
-"""GPU check of the verl backend (issue 20): GRPO, OPSD, SDFT and Skill-SD through verl's ``main_ppo`` for
+"""Check: four methods through verl's main_ppo on a GPU (issue 20); every status ok (exit 0) passes.
+
+GPU check of the verl backend (issue 20): GRPO, OPSD, SDFT and Skill-SD through verl's ``main_ppo`` for
 a few steps with a small model built from a config, and the suite's run files checked complete.
 
     benchmarks/device_check_verl.sh              # in envs/verl.yaml's environment, on GPUs

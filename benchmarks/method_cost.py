@@ -1,4 +1,6 @@
-"""Per-step cost of every method relative to GRPO, from finished runs.
+"""No stated target: measures each method's step cost from finished runs; its x GRPO column is the ratio.
+
+Per-step cost of every method relative to GRPO, from finished runs.
 
     python benchmarks/method_cost.py --runs results/small/runs
 

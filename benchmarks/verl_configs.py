@@ -1,4 +1,6 @@
-"""Write every verl-capable method's generated ``main_ppo`` config, and print their SHA-256, so that a
+"""Check: a verl-backend refactor leaves the generated main_ppo configs unchanged; same SHA-256s pass.
+
+Write every verl-capable method's generated ``main_ppo`` config, and print their SHA-256, so that a
 refactor of the verl backend can show its configs unchanged (run it before and after, then ``diff -r``).
 
     python benchmarks/verl_configs.py --out /tmp/before    # at the old commit

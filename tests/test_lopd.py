@@ -623,7 +623,7 @@ def test_the_last_step_logs_where_the_teacher_ends_against_the_student(lopd_run)
 
 @pytest.mark.slow  # two cold starts (about 25 s on an idle core)
 def test_the_gains_after_s_steps_of_a_longer_cold_start_are_those_of_an_s_step_one(lopd_run, seeded_banks):
-    """What ``benchmarks/coldstart_length.py`` relies on: one long cold start measured at several
+    """What ``benchmarks/probes/coldstart_length.py`` relies on: one long cold start measured at several
     lengths gives each length's numbers.  Only the latents' gain moves with φ."""
     from methods.experience import BankConfig, ExperienceBank
     from methods.experience.encoder import TextEncoder

@@ -4,7 +4,7 @@ Stage 1 (:mod:`methods.core.warmstart`) teaches the context formats on the
 expert's traces: SDPO's feedback comes from a corrupted expert call, Skill-SD's
 skill from an expert trace.  The methods then hand their teachers contexts built
 from the *student's* samples, and on tool use those read differently (measured
-with ``benchmarks/probe_teacher_context.py`` on the policy's own failures: the
+with ``benchmarks/probes/probe_teacher_context.py`` on the policy's own failures: the
 feedback that helped on synthetic failures lowered the expert actions'
 log-likelihood on real ones, and SDPO's and Skill-SD's first-step teacher checks
 were negative).  An instruct LLM reads feedback on its own attempts from

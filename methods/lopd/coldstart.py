@@ -187,7 +187,7 @@ def cold_start(
 
     ``eval_at``: steps after which the held-out gains are measured too (``report["curve"]``).  The
     learning rate does not depend on the number of steps, so the gains after s steps of a longer
-    cold start are those of a cold start of s steps (``benchmarks/coldstart_length.py``)."""
+    cold start are those of a cold start of s steps (``benchmarks/probes/coldstart_length.py``)."""
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     train, held = examples_from_bank(bank, domain, composer.encoder, cfg, seed)
     rng = random.Random(f"coldstart/{seed}/order")

@@ -1,6 +1,6 @@
 """What the scale probe's wider base policy costs on this machine, before anyone runs it.
 
-    python benchmarks/scale_probe_cost.py --domain tooluse --steps 60 --threads 1
+    python benchmarks/probes/scale_probe_cost.py --domain tooluse --steps 60 --threads 1
 
 Builds stage 1 of the warm start (``python -m methods.cli warmstart``, the pipeline's own
 entry point) for the ``small`` and the ``small-wide`` profile's model with the profile's
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 

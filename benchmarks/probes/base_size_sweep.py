@@ -10,7 +10,7 @@ conventions (``wrong_conv``), or a wrong program (``core_wrong``).  Variants and
 as parallel processes (give each a core, or a GPU with ``--device cuda``); a deadline
 (``--budget-s``) skips what would not finish, and whatever finished is summarized.
 
-    python benchmarks/base_size_sweep.py --domain code --device cuda --out /tmp/sweep \\
+    python benchmarks/probes/base_size_sweep.py --domain code --device cuda --out /tmp/sweep \\
         --variant c128x2 '{"model": {"hidden_size": 128, "num_layers": 2}}' \\
         --variant c512x4 '{"model": {"hidden_size": 512, "num_layers": 4, "num_heads": 8, "intermediate_size": 2048}}'
 
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 EVAL_KEYS = (

@@ -1,7 +1,7 @@
 """What a privileged context gives a warm-started teacher, by kind of context.
 
-    python benchmarks/probe_teacher_context.py --domain tooluse --warmstart results/small/warmstart/tooluse
-    python benchmarks/probe_teacher_context.py --domain code --profile real-cpu \\
+    python benchmarks/probes/probe_teacher_context.py --domain tooluse --warmstart results/small/warmstart/tooluse
+    python benchmarks/probes/probe_teacher_context.py --domain code --profile real-cpu \\
         --warmstart results/real-cpu/warmstart/code
 
 Samples the warm-start policy once on training tasks (the training temperature),
@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 

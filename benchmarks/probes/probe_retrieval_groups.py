@@ -1,7 +1,8 @@
 """How often text retrieval finds the task's own group (tool-use environment, code project).
 
-    python benchmarks/probe_retrieval_groups.py [--domains tooluse code] [--bank-tasks 1000] [--queries 400] [--n 3]
-    python benchmarks/probe_retrieval_groups.py --domains tooluse --bank results/small/bank/tooluse/bank.pt
+    python benchmarks/probes/probe_retrieval_groups.py [--domains tooluse code] [--bank-tasks 1000] \\
+        [--queries 400] [--n 3]
+    python benchmarks/probes/probe_retrieval_groups.py --domains tooluse --bank results/small/bank/tooluse/bank.pt
 
 The experience bank embeds each solved training task as "task + trajectory" with
 all-MiniLM-L6-v2 and a task retrieves the nearest ones by its own text
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def main(argv=None) -> None:

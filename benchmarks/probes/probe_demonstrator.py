@@ -1,6 +1,6 @@
 """What the imperfect demonstrator leaves for RL to find (``docs/testbed.md``).
 
-    python benchmarks/probe_demonstrator.py [--domain tooluse] [--tasks 400] [--recovery 0 0.35 1]
+    python benchmarks/probes/probe_demonstrator.py [--domain tooluse] [--tasks 400] [--recovery 0 0.35 1]
 
 Plays the domain's imperfect demonstrator (``TaskDomain.imperfect_trajectory``)
 on warm-start tasks at each recovery probability and prints its mean reward and
@@ -15,7 +15,7 @@ import random
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def main(argv=None) -> None:

@@ -1,6 +1,6 @@
 """The warm start's on-policy stage with other settings than the config's, on a stage-1 warm start.
 
-    python benchmarks/probe_onpolicy_stage.py --domain tooluse \\
+    python benchmarks/probes/probe_onpolicy_stage.py --domain tooluse \\
         --warmstart results/small/warmstart_stage1/tooluse --out /tmp/ws_onpolicy --steps 300
 
 The pipeline runs the stage as the ``warmstart`` rule (``methods.cli warmstart-stage2``)
@@ -9,7 +9,7 @@ with the configured ``warmstart.onpolicy_*``; this script runs the same
 start's own recorded job, ``--steps``, ``--tasks`` and ``--lr`` overriding its
 ``onpolicy_*`` fields, to measure a setting before adopting it.  Writes ``OUT/model``
 and ``OUT/eval.json`` (held-out reward and the context check after, ``stage1_*``
-before), so that ``benchmarks/probe_teacher_context.py --warmstart OUT`` can probe the
+before), so that ``benchmarks/probes/probe_teacher_context.py --warmstart OUT`` can probe the
 result on the policy's own failures.
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 

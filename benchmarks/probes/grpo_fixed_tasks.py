@@ -6,7 +6,7 @@ tasks.  A rise here with no rise on held-out tasks means the method learns
 but its gains do not transfer at the budget; no rise means the update itself
 is broken.  Prints the learning curve as one JSON line.
 
-    python benchmarks/grpo_fixed_tasks.py --domain tooluse --warmstart results/small/warmstart/tooluse
+    python benchmarks/probes/grpo_fixed_tasks.py --domain tooluse --warmstart results/small/warmstart/tooluse
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 

@@ -1,6 +1,6 @@
 """LOPD's cold start: what its latents give the frozen teacher against the cold start's length.
 
-    python benchmarks/coldstart_length.py --domain tooluse --steps 100 300 1000 \\
+    python benchmarks/probes/coldstart_length.py --domain tooluse --steps 100 300 1000 \\
         --out results/small/coldstart_length_tooluse.json
 
 One cold start of ``max(--steps)`` steps with the profile's LOPD settings (seed ``--seed``),
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 

@@ -13,7 +13,7 @@ Prints one JSON object with, on the held-out split:
 and, on the training split, the reward of rollouts sampled at a few
 temperatures (the signal an RL method starts from).
 
-    python benchmarks/probe_policy.py --domain tooluse --model results/small/warmstart/tooluse/model
+    python benchmarks/probes/probe_policy.py --domain tooluse --model results/small/warmstart/tooluse/model
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 

@@ -7,7 +7,7 @@ how far the chunked latents are from one batch of all items.
 
 Items are "Task to solve / Reference past trajectory" texts built from the seeded bank of
 ``results/<profile>/bank/<domain>`` (random task and trajectory pairs), encoded by a
-composer on that seed's warm start, as one LOPD step encodes J=3 items for each of 32 rollouts.
+composer on the domain's base policy, as one LOPD step encodes J=3 items for each of 32 rollouts.
 Prints one JSON line: the item lengths, the best of ``--repeats`` wall times per chunk size,
 and the largest absolute difference of each chunking's latents from the one-batch latents.
 """
@@ -39,7 +39,7 @@ def main(argv=None) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--domain", required=True)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the composer's initialisation seed")
     p.add_argument("--profile", default="small")
     p.add_argument("--items", type=int, default=96, help="items per step (J x rollouts per step)")
     p.add_argument("--chunks", type=int, nargs="+", default=[96, 32, 16, 8, 4])
@@ -47,9 +47,9 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     base = ROOT / "results" / a.profile
-    model, tok = load_policy(base / "warmstart" / a.domain / f"seed{a.seed}" / "model")
+    model, tok = load_policy(base / "warmstart" / a.domain / "model")  # the domain's one base policy
     composer = build_composer(LOPDConfig(), model, ChatEncoder(tok), a.seed)
-    items = torch.load(base / "bank" / a.domain / f"seed{a.seed}" / "bank.pt", weights_only=False)["items"]
+    items = torch.load(base / "bank" / a.domain / "bank.pt", weights_only=False)["items"]
     if not items:
         p.error("the bank is empty")
     rng = random.Random(0)

@@ -4,6 +4,9 @@
 # suite's plugin through VERL_USE_EXTERNAL_MODULES (the entry point works only where the suite is
 # installed), with the checkout on PYTHONPATH. UNTESTED on a GPU so far.
 if BACKEND == "verl":
+    from methods.verl_backend import check_profile
+
+    check_profile(config)  # every selected method has a verl path, before any job starts
 
     rule verl_data:
         """A domain's training split and held-out tasks as verl's RL parquet files."""

@@ -47,6 +47,13 @@ def test_the_core_imports_no_method_module():
         assert not bad, f"{path.relative_to(ROOT)} imports method modules {sorted(bad)}"
 
 
+def test_the_core_imports_no_verl_backend():
+    """The training kernel runs without verl: nothing under ``methods/core/`` imports the backend."""
+    for path in sorted((ROOT / "methods" / "core").glob("*.py")):
+        bad = {m for m in _imported_modules(path) if m.startswith("methods.verl_backend")}
+        assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+
+
 def test_the_core_names_no_field_of_a_methods_own_config():
     shared = set()
     for path in CORE_FILES:  # the core's own config classes (MethodConfig, DistillConfig, ...)

@@ -621,9 +621,11 @@ def test_a_methods_verl_path_is_its_adapter(small_job, tmp_path):
 
 def test_verl_profile_jobs_carry_the_backend_and_refuse_methods_without_a_verl_path():
     from methods.core.config import resolve_job, validate
+    from methods.verl_backend import check_profile
 
     cfg = dict(_suite_config(), profile="real-verl")
     validate(cfg)
+    check_profile(cfg)
     job = resolve_job(cfg, "code", "grpo")
     assert job["backend"] == "verl" and job["backend_options"]["gpus"] == 1
     assert "backend" not in resolve_job(dict(cfg, profile="small"), "code", "grpo")  # other profiles' jobs unchanged
@@ -632,7 +634,7 @@ def test_verl_profile_jobs_carry_the_backend_and_refuse_methods_without_a_verl_p
         ValueError,
         match=r"backend verl runs \['grpo', 'retrieval_rl', 'opsd', 'sdft', 'skill_sd'\] so far, not \['sdpo'\]",
     ):
-        validate(cfg)
+        check_profile(cfg)  # rules/verl.smk runs it at parse time (the dry-run test below sees it refuse)
 
 
 @pytest.mark.slow

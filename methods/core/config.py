@@ -261,17 +261,6 @@ def validate(config: dict[str, Any]) -> None:
         extra = [x for x in prof.get(key) or [] if x not in known]
         if extra:
             raise ValueError(f"profiles.{prof_name}.{key}: {extra} are not among the configured {key} {known}")
-    if prof.get("backend", "suite") == "verl":
-        from methods.verl_backend import SUPPORTED_METHODS
-
-        missing = [
-            m for m in profile_methods(config) if (entries[m][1] or {}).get("method", m) not in SUPPORTED_METHODS
-        ]
-        if missing:
-            raise ValueError(
-                f"profiles.{prof_name}: backend verl runs {list(SUPPORTED_METHODS)} so far, not {missing} "
-                "(select methods: with the profile's methods:, see docs/verl.md)"
-            )
     for d in prof.get("heldout_domains") or {}:
         if d not in profile_domains(config):
             raise ValueError(f"profiles.{prof_name}.heldout_domains: {d!r} is not a domain of this profile")

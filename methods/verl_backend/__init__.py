@@ -29,3 +29,20 @@ from methods.verl_backend.adapters import supported_methods
 #: methods with a verl path, one adapter each (:mod:`.adapters`; a ``backend: verl`` profile accepts
 #: only these; ``docs/verl.md``)
 SUPPORTED_METHODS = supported_methods()
+
+
+def check_profile(config: dict) -> None:
+    """Refuse a ``backend: verl`` profile that selects a method without a verl path (its adapter);
+    ``rules/verl.smk`` runs this at parse time, before any job starts (the kernel's own validation
+    knows nothing of the backend)."""
+    from methods.core.config import profile_methods, profile_section, run_entries
+
+    if profile_section(config).get("backend") != "verl":
+        raise ValueError(f"profiles.{config.get('profile')}: check_profile is for backend: verl profiles")
+    entries = run_entries(config)
+    missing = [m for m in profile_methods(config) if (entries[m][1] or {}).get("method", m) not in SUPPORTED_METHODS]
+    if missing:
+        raise ValueError(
+            f"profiles.{config.get('profile')}: backend verl runs {list(SUPPORTED_METHODS)} so far, not {missing} "
+            "(select methods: with the profile's methods:, see docs/verl.md)"
+        )

@@ -18,7 +18,7 @@
 #
 # Needs only what the lent image has: Python 3.12, torch with CUDA and NCCL (2.11), transformers (5.17),
 # peft, numpy, PyYAML, tokenizers, tqdm.  No network, vLLM, Ray, verl, snakemake, faiss or
-# sentence-transformers.  Estimated 3 to 5 minutes on one H100 (not yet measured).
+# sentence-transformers.  Its time on a GPU is not measured yet (the run command below allows 540 s).
 #
 # Carries 3.5 MiB (of the 64 MiB a call may carry), two git-ignored folders filled once on a machine
 # with network:

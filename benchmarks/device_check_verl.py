@@ -1,6 +1,6 @@
-"""Check: four methods through verl's main_ppo on a GPU (issue 20); every status ok (exit 0) passes.
+"""Check: five methods through verl's main_ppo on a GPU (issue 20); every status ok (exit 0) passes.
 
-GPU check of the verl backend (issue 20): GRPO, OPSD, SDFT and Skill-SD through verl's ``main_ppo`` for
+GPU check of the verl backend (issues 20, 40): GRPO, OPSD, SDFT, SDPO and Skill-SD through verl's ``main_ppo`` for
 a few steps with a small model built from a config, and the suite's run files checked complete.
 
     benchmarks/device_check_verl.sh              # in envs/verl.yaml's environment, on GPUs
@@ -19,7 +19,8 @@ Steps, each through the suite's own commands (the ``verl_data`` / ``verl_train``
    the budget and a final held-out score.
 
 Every method runs on one GPU: Skill-SD's teacher is the student on its own rollout servers, and
-OPSD's (the frozen base) and SDFT's (an EMA of the student) are the actor worker's reference model.
+OPSD's (the frozen base), SDFT's and SDPO's (an EMA of the student) are the actor worker's reference
+model.
 It needs vLLM and Ray (envs/verl.yaml), so the lent machines cannot run it; ``device_check.sh``
 checks the EMA teacher on CUDA FSDP without them.  Prints one line per method and
 writes ``device_check_verl.json`` under ``--out``.  UNTESTED on a GPU so far: the lent machines
@@ -42,7 +43,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the methods checked, in order
-METHODS = ("grpo", "opsd", "sdft", "skill_sd")
+METHODS = ("grpo", "opsd", "sdft", "sdpo", "skill_sd")
 #: a few steps of the real-verl profile's settings (16 rollouts a step, validation before and after)
 SHRINK = {
     "rollout_budget": 32,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Check: four methods through verl's main_ppo on a GPU (issue 20); every status ok (exit 0) passes.
-# GPU check of the verl backend (issue 20): GRPO, OPSD, SDFT and Skill-SD through verl's main_ppo with a
+# Check: five methods through verl's main_ppo on a GPU (issue 20); every status ok (exit 0) passes.
+# GPU check of the verl backend (issues 20, 40): GRPO, OPSD, SDFT, SDPO and Skill-SD through verl's main_ppo with a
 # small model built from a config, a few steps each, one GPU, and the suite's run files checked complete.
 # Run it in envs/verl.yaml's
 # environment with the suite installed (pip install --no-deps -e .). Writes its work and

@@ -564,7 +564,7 @@ def test_main_ppo_config_refuses_what_verl_cannot_run_yet(small_job, tmp_path):
 
     kw = {"model_path": "m", "data_dir": tmp_path, "run_dir": tmp_path}
     with pytest.raises(ValueError, match="has no verl path yet"):
-        main_ppo_config(dict(small_job, method="sdpo"), 0, **kw)
+        main_ppo_config(dict(small_job, method="lopd"), 0, **kw)
     odd = dict(
         small_job, train=dict(small_job["train"], rollout_budget=small_job["train"]["rollouts_per_step"] * 3 + 1)
     )
@@ -585,8 +585,8 @@ def test_a_methods_verl_path_is_its_adapter(small_job, tmp_path):
     from methods.verl_backend.launch import main_ppo_config
 
     kw = {"model_path": "m", "data_dir": tmp_path, "run_dir": tmp_path}
-    with pytest.raises(ValueError, match=r"'sdpo' has no verl path yet \(supported: grpo, retrieval_rl, opsd"):
-        main_ppo_config(dict(small_job, method="sdpo"), 0, **kw)
+    with pytest.raises(ValueError, match=r"'lopd' has no verl path yet \(supported: grpo, retrieval_rl, opsd"):
+        main_ppo_config(dict(small_job, method="lopd"), 0, **kw)
 
     class Toy(adapters.GRPOAdapter):
         method = "toy_grpo"
@@ -629,10 +629,11 @@ def test_verl_profile_jobs_carry_the_backend_and_refuse_methods_without_a_verl_p
     job = resolve_job(cfg, "code", "grpo")
     assert job["backend"] == "verl" and job["backend_options"]["gpus"] == 1
     assert "backend" not in resolve_job(dict(cfg, profile="small"), "code", "grpo")  # other profiles' jobs unchanged
-    cfg["profiles"]["real-verl"]["methods"] = ["grpo", "sdpo"]
+    cfg["profiles"]["real-verl"]["methods"] = ["grpo", "lopd"]
     with pytest.raises(
         ValueError,
-        match=r"backend verl runs \['grpo', 'retrieval_rl', 'opsd', 'sdft', 'skill_sd'\] so far, not \['sdpo'\]",
+        match=r"backend verl runs \['grpo', 'retrieval_rl', 'opsd', 'sdft', 'sdpo', 'skill_sd'\] so far, "
+        r"not \['lopd'\]",
     ):
         check_profile(cfg)  # rules/verl.smk runs it at parse time (the dry-run test below sees it refuse)
 
@@ -931,7 +932,7 @@ def test_the_verl_gpu_check_prepares_each_method_up_to_launching_verl(tmp_path):
     spec.loader.exec_module(check)
     check.main(["--dry-run", "--out", str(tmp_path), "--tokenizer", str(ROOT / "results/base/small/code/model")])
     records = json.loads((tmp_path / "device_check_verl.json").read_text())
-    methods = ["grpo", "opsd", "sdft", "skill_sd"]
+    methods = ["grpo", "opsd", "sdft", "sdpo", "skill_sd"]
     assert [r["method"] for r in records] == methods and all(r["steps"] == 2 for r in records)
     for method in methods:
         cfg = OmegaConf.load(tmp_path / method / "run" / "main_ppo.yaml")

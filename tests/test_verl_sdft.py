@@ -5,7 +5,6 @@ generated config (verl 0.9.1, installed --no-deps)."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 from types import SimpleNamespace
 
@@ -16,43 +15,17 @@ from omegaconf import OmegaConf
 pytest.importorskip("verl")
 
 from methods.verl_backend import plugin  # noqa: E402
-from tests.helpers.verl import _privileged_worker, _suite_config  # noqa: E402
+from tests.helpers.verl import (  # noqa: E402
+    _FakeTQ,
+    _fsdp,
+    _privileged_worker,
+    _suite_config,
+    _tiny_lm,
+    _worker,
+    _WorkerGroup,
+)
 
 VOCAB = 48
-
-
-def _tiny_lm(seed: int):
-    """A two-layer Qwen2 of width 16, random weights (the architecture the small profile uses)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=False,
-    )  # fmt: skip
-    return Qwen2ForCausalLM(config).eval()
-
-
-class _Engine:
-    """What the worker reads of verl's FSDP engine: its module and its eval-mode context."""
-
-    def __init__(self, module):
-        self.module = module
-        self.forwards = 0
-        module.register_forward_hook(lambda *_: setattr(self, "forwards", self.forwards + 1))
-
-    def eval_mode(self, **kwargs):
-        return contextlib.nullcontext()
-
-
-def _worker(student, teacher, rank=0, world_size=1):
-    from methods.verl_backend.ema import EMATeacherWorker
-
-    worker = object.__new__(EMATeacherWorker)  # verl's own __init__ needs a process group and GPUs
-    worker._rank, worker._world_size = rank, world_size
-    worker.actor = SimpleNamespace(engine=_Engine(student))
-    worker.ref = SimpleNamespace(engine=_Engine(teacher))
-    return worker
 
 
 def _sdft_job(method="sdft"):
@@ -243,40 +216,6 @@ def test_sdft_agent_loop_leaves_the_teacher_prompt_to_the_trainer():
 
 
 # --------------------------------------------------------------------------- the trainer
-class _FakeTQ:
-    """TransferQueue's key-value calls on one partition, holding what verl's agent loop puts there
-    (``list_of_dict_to_tensordict`` of the episodes' fields)."""
-
-    def __init__(self, fields):
-        from verl.utils.tensordict_utils import list_of_dict_to_tensordict
-
-        self.data = list_of_dict_to_tensordict(fields)
-        self.put = None
-
-    def kv_batch_get(self, keys, partition_id, select_fields):
-        assert len(keys) == len(self.data)
-        return self.data.select(*select_fields)
-
-    def kv_batch_put(self, keys, partition_id, fields):
-        assert len(keys) == len(self.data)
-        self.put = fields
-
-
-class _WorkerGroup:
-    """The ONE_TO_ALL dispatch of verl's worker group: each call on every rank, results as a list."""
-
-    def __init__(self, workers, calls=None):
-        self.workers = workers
-        self.calls = [] if calls is None else calls
-
-    def __getattr__(self, name):
-        def call(*args):
-            self.calls.append(name)
-            return [getattr(w, name)(*args) for w in self.workers]
-
-        return call
-
-
 def _trainer(tmp_path, monkeypatch, method="sdft"):
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
@@ -460,26 +399,6 @@ def test_ema_trainer_refuses_settings_that_break_its_teacher(tmp_path, monkeypat
 
 
 # --------------------------------------------------------------------------- on real FSDP2 shards
-def _fsdp(model, version: int):
-    """verl's FSDP layout: each decoder layer a unit, the root (embeddings, norm, head) another;
-    FSDP1 (verl's default strategy, ``fsdp``) as verl wraps it (full shard, flat parameters), or
-    FSDP2 (``fsdp2``)."""
-    if version == 2:
-        from torch.distributed.fsdp import fully_shard
-
-        for layer in model.model.layers:
-            fully_shard(layer)
-        fully_shard(model)
-        return model
-    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-
-    return FullyShardedDataParallel(
-        model, auto_wrap_policy=ModuleWrapPolicy({type(model.model.layers[0])}), device_id=torch.device("cpu"),
-        sharding_strategy=ShardingStrategy.FULL_SHARD, use_orig_params=False,
-    )  # fmt: skip
-
-
 def _two_rank_ema(rank, world_size, init_file, out_dir, version, rate=0.5):
     """One rank of :func:`test_ema_teacher_on_fsdp_shards_of_two_cpu_processes` (run by
     ``torch.multiprocessing.spawn``): the worker's own calls on FSDP-sharded actor and teacher."""

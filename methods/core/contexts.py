@@ -37,6 +37,23 @@ def sdpo_context(sibling_trace: str | None, feedback: str | None) -> str | None:
     return "\n\n".join(parts) or None
 
 
+def sdpo_choice(
+    rewards: Sequence[float],
+    i: int,
+    group: Sequence[int],
+    threshold: float = 1.0,
+    use_sibling: bool = True,
+    use_feedback: bool = True,
+) -> tuple[int | None, bool]:
+    """Which parts SDPO's teacher context for rollout ``i`` takes, from the rewards alone: the index
+    of the first successful rollout among ``group`` (the same task's rollouts, in batch order;
+    never ``i`` itself; None: none), and whether ``i``'s own feedback enters (it failed).  The
+    suite's loop (:func:`sdpo_parts`) and verl's trainer (``methods/verl_backend/sdpo.py``) both
+    choose here."""
+    sibling = next((j for j in group if j != i and rewards[j] >= threshold), None) if use_sibling else None
+    return sibling, use_feedback and rewards[i] < threshold
+
+
 def sdpo_parts(
     rollouts: Sequence,
     i: int,
@@ -45,16 +62,12 @@ def sdpo_parts(
     use_sibling: bool = True,
     use_feedback: bool = True,
 ) -> tuple[str | None, str | None]:
-    """The two parts of SDPO's teacher context for ``rollouts[i]``: the trace of the first
-    successful rollout among ``group`` (indices of the same task's rollouts; never ``i``
-    itself), and, if ``rollouts[i]`` failed, the environment's feedback on it (None: absent)."""
-    sibling = None
-    if use_sibling:
-        j = next((j for j in group if j != i and rollouts[j].reward >= threshold), None)
-        sibling = format_trace(rollouts[j].task, rollouts[j].episode.turns, with_task=False) if j is not None else None
-    r = rollouts[i]
-    feedback = r.feedback if use_feedback and r.reward < threshold else None
-    return sibling, feedback
+    """The two parts of SDPO's teacher context for ``rollouts[i]`` (:func:`sdpo_choice`): the trace
+    of the first successful rollout among ``group``, and, if ``rollouts[i]`` failed, the
+    environment's feedback on it (None: absent)."""
+    j, with_feedback = sdpo_choice([r.reward for r in rollouts], i, group, threshold, use_sibling, use_feedback)
+    sibling = format_trace(rollouts[j].task, rollouts[j].episode.turns, with_task=False) if j is not None else None
+    return sibling, rollouts[i].feedback if with_feedback else None
 
 
 def sdpo_reprompt(

@@ -37,6 +37,7 @@ __all__ = [
     "RETRIEVAL_TRAINER",
     "SKILL_TRAINER",
     "EMA_TRAINER",
+    "SDPO_TRAINER",
 ]
 
 #: the suite's verl trainers (``trainer.v1.trainer_mode``), registered by :mod:`.trainer`
@@ -44,6 +45,7 @@ GRPO_TRAINER = "lopd_bench_grpo_trainer"
 RETRIEVAL_TRAINER = "lopd_bench_retrieval"
 SKILL_TRAINER = "lopd_bench_skill_sd"
 EMA_TRAINER = "lopd_bench_ema_teacher"
+SDPO_TRAINER = "lopd_bench_sdpo"
 #: the agent-loop manager of a teacher that reads a privileged prompt
 PRIVILEGED_MANAGER = "methods.verl_backend.distill.PrivilegedAgentLoopManager"
 
@@ -221,15 +223,25 @@ class _ReferenceModelTeacher(_PrivilegedTeacher):
     teacher_context = "expert"
     run_file_fields = {"signal_share": "teacher/signal_share"}  # as the suite's loop logs it
 
+    def loss_mode(self, job: dict) -> str:
+        """verl's distillation loss for the method's divergence (the teacher's rows are its top-k)."""
+        mc = job["method_config"]
+        if mc["divergence"] not in VERL_DIVERGENCE:
+            raise ValueError(
+                f"{job['method']}: divergence {mc['divergence']!r} has no verl path (verl's loss reads the "
+                f"teacher's top-k log-probabilities; supported: {', '.join(VERL_DIVERGENCE)})"
+            )
+        return VERL_DIVERGENCE[mc["divergence"]]
+
+    def topk(self, job: dict) -> int:
+        """How many of the teacher's top tokens each row keeps."""
+        return distill_topk(job)
+
     def overrides(self, job: dict, seed: int, ctx: Context) -> dict[str, Any]:
         from methods.verl_backend.plugin import ADV_ESTIMATOR_KEEP
 
         mc, opts = job["method_config"], job.get("backend_options") or {}
-        if mc["divergence"] not in VERL_DIVERGENCE:
-            raise ValueError(
-                f"{job['method']}: divergence {mc['divergence']!r} has no verl path (verl's loss reads the teacher's "
-                f"top-k log-probabilities; supported: {', '.join(VERL_DIVERGENCE)})"
-            )
+        loss_mode = self.loss_mode(job)
         if mc["teacher_source"] not in TEACHER_RATE:
             raise ValueError(
                 f"{job['method']}: teacher_source {mc['teacher_source']!r} has no verl path (the reference model "
@@ -237,8 +249,8 @@ class _ReferenceModelTeacher(_PrivilegedTeacher):
             )
         return {
             "distillation.enabled": True,
-            "distillation.distillation_loss.loss_mode": VERL_DIVERGENCE[mc["divergence"]],
-            "distillation.distillation_loss.topk": distill_topk(job),
+            "distillation.distillation_loss.loss_mode": loss_mode,
+            "distillation.distillation_loss.topk": self.topk(job),
             "distillation.distillation_loss.use_task_rewards": False,  # the teacher's distribution is the only signal
             "distillation.distillation_loss.use_policy_gradient": False,
             "actor_rollout_ref.actor.loss_agg_mode": "token-mean",  # the suite's distillation loss
@@ -252,7 +264,7 @@ class _ReferenceModelTeacher(_PrivilegedTeacher):
             "lopd_bench.teacher_in_trainer": True,
             "lopd_bench.ema_teacher": {
                 "rate": TEACHER_RATE[mc["teacher_source"]](mc),
-                "topk": distill_topk(job),
+                "topk": self.topk(job),
                 # padded tokens per teacher forward (the rollout's log-prob budget per GPU by default)
                 "max_tokens": int(opts.get("teacher_max_tokens", 16384)),
                 # the suite's teacher gives no signal past the model's positions (docs/verl.md)
@@ -277,6 +289,45 @@ class SDFTAdapter(_ReferenceModelTeacher):
     """SDFT: an EMA of the student as the teacher (rate ``ema_rate``)."""
 
     method = "sdft"
+
+
+@register_adapter
+class SDPOAdapter(_ReferenceModelTeacher):
+    """SDPO: an EMA of the student (rate ``ema_rate``) as the teacher, reading a successful sibling's
+    trace or the rollout's feedback, which its trainer builds from the step's groups
+    (:class:`.trainer.SDPOTrainer`, :mod:`.sdpo`); the suite's top-k + tail reverse KL on the teacher's
+    top-``topk`` support as verl's loss (``plugin.TOPK_TAIL_LOSS``)."""
+
+    method = "sdpo"
+    teacher_context = "sdpo"
+
+    def loss_mode(self, job: dict) -> str:
+        from methods.verl_backend.plugin import TOPK_TAIL_LOSS
+
+        mc = job["method_config"]
+        if mc["divergence"] != "topk_tail" or mc["topk_support"] != "teacher":
+            raise ValueError(
+                f"sdpo: divergence {mc['divergence']!r} on the {mc['topk_support']!r} support has no verl path (verl's "
+                "rows are the teacher's top-k: topk_tail on the teacher's support)"
+            )
+        return TOPK_TAIL_LOSS
+
+    def topk(self, job: dict) -> int:
+        return int(job["method_config"]["topk"])  # the tail bucket's M: the rows are exactly the suite's support
+
+    def overrides(self, job: dict, seed: int, ctx: Context) -> dict[str, Any]:
+        mc = job["method_config"]
+        return {
+            **super().overrides(job, seed, ctx),
+            "lopd_bench.sdpo": {
+                "success_threshold": float(mc["success_threshold"]),
+                "use_sibling": bool(mc["use_sibling"]),
+                "use_feedback": bool(mc["use_feedback"]),
+            },
+        }
+
+    def trainer_mode(self, job: dict) -> str | None:
+        return SDPO_TRAINER
 
 
 #: the top-k over which Skill-SD's teacher log-probabilities are renormalised at the rollout

@@ -21,7 +21,11 @@ its teacher reads, the task's reference solution ahead of the task, under :data:
 (:mod:`methods.verl_backend.distill` scores the response after it).  For Skill-SD
 (``teacher_context: skill``, with a ``lopd_bench.skills`` section), that prompt carries the skill
 the run's skill library (:mod:`methods.verl_backend.skills`) chose for the task, and the finished
-training episode's outcome is staged there; a task with no skill yet has no teacher prompt.
+training episode's outcome is staged there; a task with no skill yet has no teacher prompt.  For
+SDPO (``teacher_context: sdpo``) no episode knows its context alone (it is a successful sibling's
+trace or the episode's own feedback): each training episode carries its row, trace, reward and
+feedback under :data:`~methods.verl_backend.sdpo.SDPO_EPISODE`, and the trainer builds the contexts
+from the step's groups.
 
 An episode ends when the environment says so, after the task's ``max_turns`` assistant turns, or
 when the response would outgrow ``rollout.response_length`` (then it is cut, as the suite's engine
@@ -38,10 +42,11 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 
 from methods.core.rollout import initial_prompt_ids, turn_break_ids
 from methods.core.tokenizer import ChatEncoder
-from tasks.base import Task, TaskDomain
+from tasks.base import Task, TaskDomain, format_trace
 
 from .bank import SECTION, bank_client, retrieval_settings
 from .export import AGENT_NAME, task_of_row
+from .sdpo import SDPO_EPISODE, episode_record
 from .skills import skill_settings, skills_client
 
 __all__ = ["EpisodeAgentLoop", "play_episode"]
@@ -142,7 +147,9 @@ TEACHER_PROMPT = "lopd_bench_teacher_prompt_ids"
 
 def teacher_context(config) -> str | None:
     """The privileged context the teacher reads (``lopd_bench.teacher_context``: ``expert``, the
-    task's reference solution; ``skill``, the skill chosen for the task; None: no privileged teacher)."""
+    task's reference solution; ``skill``, the skill chosen for the task; ``sdpo``, a successful
+    sibling's trace or the feedback, built by the trainer from the step's groups; None: no
+    privileged teacher)."""
     section = config.get(SECTION) if config is not None else None
     return section.get("teacher_context") if section is not None else None
 
@@ -171,6 +178,14 @@ class EpisodeAgentLoop(AgentLoopBase):
             library = skills_client(skills)
             skill = await library.choose(row)
             finishers.append(lambda episode: library.stage(row, episode))
+        privileged = teacher_context(self.config)
+        trace: list[str] = []
+        if privileged == "sdpo" and task.split == "train":  # SDPO: the trainer builds contexts from the groups
+
+            async def keep_trace(episode):
+                trace.append(format_trace(task, episode.turns, with_task=False))
+
+            finishers.append(keep_trace)
 
         async def on_finish(episode):
             for finish in finishers:
@@ -186,11 +201,13 @@ class EpisodeAgentLoop(AgentLoopBase):
             context=context,
             on_finish=on_finish if finishers else None,
         )
-        privileged = teacher_context(self.config)
-        if privileged is not None and task.split == "train":
+        if privileged in ("expert", "skill") and task.split == "train":
             # the teacher reads the response after the privileged context (methods/verl_backend/distill.py):
             # OPSD the task's reference solution, Skill-SD the chosen skill (none yet: no teacher signal)
             text = _expert_trace(domain, task) if privileged == "expert" else skill
             if text is not None:
                 out.extra_fields[TEACHER_PROMPT] = initial_prompt_ids(self.encoder, domain, task, text)
+        if trace:  # SDPO: what its trainer reads to build the group's contexts (methods/verl_backend/sdpo.py)
+            feedback = out.extra_fields["feedback"]
+            out.extra_fields[SDPO_EPISODE] = episode_record(row, trace[0], out.reward_score, feedback)
         return out

@@ -90,13 +90,14 @@ def temper_sampled(
     return logprob / temperature - torch.logsumexp(pool, dim=-1)
 
 
-def no_teacher_rows(length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Teacher rows for a sequence of ``length`` tokens whose teacher read nothing privileged:
-    log-probability :data:`~methods.verl_backend.plugin.NO_TEACHER` everywhere, which the sampled
-    reverse KL leaves out (Skill-SD's rollouts whose task has no skill yet)."""
+def no_teacher_rows(length: int, k: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Teacher rows (``k`` columns) for a sequence of ``length`` tokens whose teacher read nothing
+    privileged: log-probability :data:`~methods.verl_backend.plugin.NO_TEACHER` everywhere, which the
+    sampled reverse KL (Skill-SD's rollouts whose task has no skill yet) and the top-k + tail reverse
+    KL (SDPO's rollouts with no context) leave out."""
     from .plugin import NO_TEACHER
 
-    return torch.zeros((length, 1), dtype=torch.int32), torch.full((length, 1), NO_TEACHER)
+    return torch.zeros((length, k), dtype=torch.int32), torch.full((length, k), NO_TEACHER)
 
 
 class PrivilegedAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):

@@ -205,7 +205,9 @@ def topk_tail_rows(student_logits, teacher_topk_log_probs, teacher_topk_ids, con
     (:func:`methods.divergences.topk_tail_from_logp`), from the student's logits ``[1, nnz, V]`` and
     the teacher's top-k rows (nested, one per sequence), in verl's logits processor: the contract of
     verl's ``fsdp.losses.compute_forward_kl_topk`` (same inputs, ``distillation_losses``,
-    ``student_mass`` and ``teacher_mass`` per token), sequence-parallel slices included."""
+    ``student_mass`` and ``teacher_mass`` per token), sequence-parallel slices included.  Tokens whose
+    teacher rows are :data:`NO_TEACHER` (SDPO's rollouts with no context) get 0, with no gradient,
+    and ``taught`` 0 (1 elsewhere), which :func:`topk_tail_loss` reads."""
     from verl.utils.ulysses import get_ulysses_sequence_parallel_world_size, slice_input_tensor
 
     assert teacher_topk_log_probs.is_nested and teacher_topk_ids.is_nested
@@ -217,11 +219,44 @@ def topk_tail_rows(student_logits, teacher_topk_log_probs, teacher_topk_ids, con
     assert teacher_lp.shape[:2] == teacher_ids.shape[:2] == student_logits.shape[:2]
     student_lp = torch.log_softmax(student_logits.float(), dim=-1).gather(-1, teacher_ids.long())
     teacher_lp = teacher_lp.float()
+    taught = teacher_lp[..., 0] <= 0  # NO_TEACHER rows are positive
+    # untaught tokens compare the student with itself (finite, so where() passes no NaN back), then 0
+    teacher_lp = torch.where(taught[..., None], teacher_lp, student_lp.detach())
+    losses = topk_tail_from_logp(student_lp, teacher_lp, reverse=True)
     return {
-        "distillation_losses": topk_tail_from_logp(student_lp, teacher_lp, reverse=True),
+        "distillation_losses": torch.where(taught, losses, torch.zeros_like(losses)),
         "student_mass": student_lp.detach().exp().sum(-1),
         "teacher_mass": teacher_lp.exp().sum(-1),
+        "taught": taught.float(),
     }
+
+
+def topk_tail_loss(config, distillation_config, model_output, data) -> tuple[torch.Tensor, dict[str, Any]]:
+    """``lopd_bench_topk_tail_reverse_kl``'s final loss: the per-token values of :func:`topk_tail_rows`
+    ``[B, T]`` (verl masks and aggregates them), with the masses' means over the taught tokens and the
+    taught-token count as metrics.  A mini-batch in which no rollout is taught (every SDPO rollout
+    without a context: its ``loss_mask``, and so verl's token count, is 0) gets loss 0, not 0/0."""
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.metric import AggregationType, Metric
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    losses, student_mass, teacher_mass, taught = (
+        no_padding_2_padding(model_output[key], data)
+        for key in ("distillation_losses", "student_mass", "teacher_mass", "taught")
+    )
+    mask = data["response_mask"]
+    mask = mask.to_padded_tensor(False) if mask.is_nested else mask
+    valid = mask.bool() & taught.bool()
+    if not data["batch_num_tokens"]:  # nothing taught anywhere in the mini-batch: every loss value is 0
+        tu.assign_non_tensor(data, batch_num_tokens=1)
+    metrics = {
+        TAUGHT_TOKENS: Metric(AggregationType.SUM, float(valid.sum())),
+        RESPONSE_TOKENS: Metric(AggregationType.SUM, float(mask.bool().sum())),
+    }
+    if valid.any():
+        metrics["distillation/student_mass"] = float(student_mass[valid].mean())
+        metrics["distillation/teacher_mass"] = float(teacher_mass[valid].mean())
+    return losses, metrics
 
 
 def _dispatch_topk_loss() -> None:
@@ -274,10 +309,15 @@ def register() -> None:
         settings = verl_distill.DistillationLossSettings(names=[DISTILLATION_LOSS], use_estimator=True)
         verl_distill.register_distillation_loss(settings)(sampled_reverse_kl)
     # the top-k + tail reverse KL: its per-token values come from the logits processor (below), and the
-    # final loss reads them as verl's top-k forward KL reads its own (the same function, another name)
-    if TOPK_TAIL_LOSS not in verl_distill.DISTILLATION_LOSS_REGISTRY:
+    # final loss (topk_tail_loss) reads them there
+    registered = verl_distill.DISTILLATION_LOSS_REGISTRY.get(TOPK_TAIL_LOSS)
+    if registered is not None and not _ours(registered, topk_tail_loss):
+        raise ValueError(f"verl already has another distillation loss named {TOPK_TAIL_LOSS!r}")
+    if registered is not None:
+        verl_distill.DISTILLATION_LOSS_REGISTRY[TOPK_TAIL_LOSS] = topk_tail_loss
+    else:
         settings = verl_distill.DistillationLossSettings(names=[TOPK_TAIL_LOSS], use_topk=True)
-        verl_distill.register_distillation_loss(settings)(verl_distill.compute_forward_kl_topk)
+        verl_distill.register_distillation_loss(settings)(topk_tail_loss)
     _dispatch_topk_loss()
 
 

@@ -38,14 +38,15 @@ import contextlib
 import os
 
 import ray
+import torch
 from omegaconf import open_dict
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-from .adapters import EMA_TRAINER, GRPO_TRAINER, RETRIEVAL_TRAINER, SKILL_TRAINER
+from .adapters import EMA_TRAINER, GRPO_TRAINER, RETRIEVAL_TRAINER, SDPO_TRAINER, SKILL_TRAINER
 from .agent_loop import TEACHER_PROMPT
 from .bank import SECTION, retrieval_settings, start_bank
-from .distill import align_to_student
+from .distill import align_to_student, no_teacher_rows
 from .ema import EMATeacherWorker
 from .skills import skill_settings, start_skills
 
@@ -58,6 +59,8 @@ __all__ = [
     "RetrievalTrainer",
     "SkillTrainer",
     "EMATeacherTrainer",
+    "SDPO_TRAINER",
+    "SDPOTrainer",
     "BANK_FILE",
     "SKILLS_FILE",
     "EMA_TEACHER_DIR",
@@ -380,28 +383,49 @@ class EMATeacherTrainer(_OwnTeacher, PPOTrainerSync):
                 raise FileNotFoundError(f"{folder}: the checkpoint has no EMA teacher to resume from")
             self.actor_rollout_wg.load_teacher(folder)
 
+    #: a rollout whose teacher reads nothing privileged: scored after its own prompt (OPSD, SDFT, as
+    #: verl's teacher scores it), or no signal at all (SDPO, as the suite's SDPO)
+    SILENT_WITHOUT_CONTEXT = False
+
+    def teacher_prompts(self, extras: list[dict], batch) -> list[list[int] | None]:
+        """Each rollout's teacher prompt ids (None: none privileged): the agent loop's."""
+        return [extra.get(TEACHER_PROMPT) for extra in extras]
+
     def _compute_ref_log_prob(self, batch, metrics: dict):
         import transfer_queue as tq
         from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
-        data = tq.kv_batch_get(
-            keys=batch.keys, partition_id=batch.partition_id, select_fields=["prompts", "responses", "extra_fields"]
-        )
+        select = ["prompts", "responses", "extra_fields"] + (["response_mask"] if self.SILENT_WITHOUT_CONTEXT else [])
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=select)
         prompts = [p.tolist() for p in data["prompts"].unbind()]
         responses = [r.tolist() for r in data["responses"].unbind()]
-        teacher_prompts = [(extra or {}).get(TEACHER_PROMPT) for extra in list(data["extra_fields"])]
+        extras = [extra or {} for extra in list(data["extra_fields"])]
+        teacher_prompts = self.teacher_prompts(extras, batch)
         sequences, starts, privileged = teacher_sequences(prompts, responses, teacher_prompts, self.ema.get("max_len"))
+        scored = [i for i, p in enumerate(privileged) if p or not self.SILENT_WITHOUT_CONTEXT]
         # the student's logits reach verl's loss divided by the rollout temperature; so do the teacher's
         temperature = float(self.config.actor_rollout_ref.rollout.temperature)
+        k = int(self.ema["topk"])
         per_rank = self.actor_rollout_wg.teacher_topk(
-            sequences, starts, int(self.ema["topk"]), temperature, int(self.ema["max_tokens"])
+            [sequences[i] for i in scored], [starts[i] for i in scored], k, temperature, int(self.ema["max_tokens"])
         )
+        rows = dict(zip(scored, merge_ranks(per_rank, len(scored)), strict=True))
         fields = []
-        for prompt, (ids, logprobs) in zip(prompts, merge_ranks(per_rank, len(sequences))):
-            # the rows start at the response's first token; the student's prompt positions before
-            # its last get filler rows, which the loss never reads
-            ids, logprobs = align_to_student(ids, logprobs, 1, len(prompt), self.tokenizer.pad_token_id)
+        for i, (prompt, response) in enumerate(zip(prompts, responses)):
+            if i in rows:
+                # the rows start at the response's first token; the student's prompt positions before
+                # its last get filler rows, which the loss never reads
+                ids, logprobs = align_to_student(*rows[i], 1, len(prompt), self.tokenizer.pad_token_id)
+            else:  # no signal: rows the top-k + tail loss leaves out (plugin.NO_TEACHER)
+                ids, logprobs = no_teacher_rows(len(prompt) + len(response), k)
             fields.append({"teacher_ids": ids, "teacher_logprobs": logprobs})
+        if self.SILENT_WITHOUT_CONTEXT:
+            # the loss's token count is the taught rollouts' (verl's engine counts loss_mask), as the suite's
+            # token mean runs over the rollouts with a signal; response_mask stays (verl's loss-range metric)
+            taught = torch.tensor([float(i in rows) for i in range(len(prompts))])
+            mask = data["response_mask"]
+            for f, m, t in zip(fields, mask.unbind(), taught):
+                f["loss_mask"] = m * t.to(m.dtype)
         tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=list_of_dict_to_tensordict(fields))
         # verl's padding rows (copies of a real one, to fill the data-parallel ranks) are not counted
         real = [not (tag or {}).get("is_padding", False) for tag in batch.tags]
@@ -420,3 +444,46 @@ class EMATeacherTrainer(_OwnTeacher, PPOTrainerSync):
         if not self.frozen:
             self.actor_rollout_wg.save_teacher(self.teacher_folder(self.global_steps))
         super()._save_checkpoint()
+
+
+@_register(SDPO_TRAINER)
+class SDPOTrainer(EMATeacherTrainer):
+    """SDPO: the EMA teacher's trainer (:class:`EMATeacherTrainer`) whose teacher prompts it builds
+    itself after the rollouts, from the step's groups as the suite's SDPO builds them
+    (:func:`methods.verl_backend.sdpo.sdpo_contexts`): a successful sibling's trace and/or the
+    rollout's own feedback, ahead of the task as :func:`methods.core.rollout.initial_prompt_ids`
+    places a context.  A rollout with neither, or whose teacher sequence would not fit, gets no
+    signal: rows the top-k + tail loss leaves out, and no tokens in the loss's count."""
+
+    MODE = SDPO_TRAINER
+    SILENT_WITHOUT_CONTEXT = True
+
+    def __init__(self, config):
+        settings = (config.get(SECTION) or {}).get("sdpo")
+        if not settings:
+            raise ValueError(
+                f"trainer_mode {SDPO_TRAINER} needs lopd_bench.sdpo (success_threshold, use_sibling, use_feedback)"
+            )
+        self.sdpo = {k: settings[k] for k in ("success_threshold", "use_sibling", "use_feedback")}
+        self._domains: dict = {}  # built domains and their task indexes, by the rows that name them
+        super().__init__(config)
+
+    def teacher_prompts(self, extras: list[dict], batch) -> list[list[int] | None]:
+        from methods.core.rollout import initial_prompt_ids
+        from methods.core.tokenizer import ChatEncoder
+
+        from .export import task_of_row
+        from .sdpo import SDPO_EPISODE, sdpo_contexts
+
+        episodes = [extra.get(SDPO_EPISODE) for extra in extras]
+        padding = [(tag or {}).get("is_padding", False) for tag in batch.tags]
+        contexts, _ = sdpo_contexts(episodes, batch.keys, padding, **self.sdpo)
+        encoder = ChatEncoder(self.tokenizer)
+        prompts: list[list[int] | None] = []
+        for episode, context in zip(episodes, contexts):
+            if context is None:
+                prompts.append(None)
+                continue
+            domain, task = task_of_row(episode["row"], self._domains)
+            prompts.append(initial_prompt_ids(encoder, domain, task, context))
+        return prompts

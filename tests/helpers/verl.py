@@ -1,5 +1,5 @@
 """Helpers shared by the verl backend's tests (test_verl_backend.py, test_verl_sdft.py,
-test_verl_skill_sd.py): stand-ins in verl's layouts, small batches, and the suite's settings."""
+test_verl_skill_sd.py, test_verl_sdpo.py): stand-ins in verl's layouts, small batches, and the suite's settings."""
 
 from __future__ import annotations
 
@@ -239,3 +239,96 @@ def _privileged_worker(teacher, config=None):
     worker.config = OmegaConf.create(config or {})
     worker.tokenizer = type("Tok", (), {"pad_token_id": 0})()
     return worker
+
+
+# --------------------------------------------------------------------------- the EMA teacher's trainer
+def _tiny_lm(seed: int, vocab: int = 48):
+    """A two-layer Qwen2 of width 16, random weights (the architecture the small profile uses)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=1024, tie_word_embeddings=False,
+    )  # fmt: skip
+    return Qwen2ForCausalLM(config).eval()
+
+
+class _Engine:
+    """What the worker reads of verl's FSDP engine: its module and its eval-mode context."""
+
+    def __init__(self, module):
+        self.module = module
+        self.forwards = 0
+        module.register_forward_hook(lambda *_: setattr(self, "forwards", self.forwards + 1))
+
+    def eval_mode(self, **kwargs):
+        return contextlib.nullcontext()
+
+
+def _fsdp(model, version: int, use_orig_params: bool = False):
+    """verl's FSDP layout: each decoder layer a unit, the root (embeddings, norm, head) another;
+    FSDP1 (verl's default strategy, ``fsdp``) as verl wraps it (full shard, flat parameters unless
+    ``use_orig_params``), or FSDP2 (``fsdp2``)."""
+    if version == 2:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        return model
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    return FullyShardedDataParallel(
+        model, auto_wrap_policy=ModuleWrapPolicy({type(model.model.layers[0])}), device_id=torch.device("cpu"),
+        sharding_strategy=ShardingStrategy.FULL_SHARD, use_orig_params=use_orig_params,
+    )  # fmt: skip
+
+
+def _worker(student, teacher, rank=0, world_size=1):
+    """verl's actor worker with an EMA teacher (:class:`methods.verl_backend.ema.EMATeacherWorker`) on
+    plain modules: verl's own ``__init__`` needs a process group and GPUs."""
+    from types import SimpleNamespace
+
+    from methods.verl_backend.ema import EMATeacherWorker
+
+    worker = object.__new__(EMATeacherWorker)
+    worker._rank, worker._world_size = rank, world_size
+    worker.actor = SimpleNamespace(engine=_Engine(student))
+    worker.ref = SimpleNamespace(engine=_Engine(teacher))
+    return worker
+
+
+class _FakeTQ:
+    """TransferQueue's key-value calls on one partition, holding what verl's agent loop puts there
+    (``list_of_dict_to_tensordict`` of the episodes' fields)."""
+
+    def __init__(self, fields):
+        from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+        self.data = list_of_dict_to_tensordict(fields)
+        self.put = None
+
+    def kv_batch_get(self, keys, partition_id, select_fields):
+        assert len(keys) == len(self.data)
+        return self.data.select(*select_fields)
+
+    def kv_batch_put(self, keys, partition_id, fields):
+        assert len(keys) == len(self.data)
+        self.put = fields
+
+
+class _WorkerGroup:
+    """The ONE_TO_ALL dispatch of verl's worker group: each call on every rank, results as a list."""
+
+    def __init__(self, workers, calls=None):
+        self.workers = workers
+        self.calls = [] if calls is None else calls
+
+    def __getattr__(self, name):
+        def call(*args):
+            self.calls.append(name)
+            return [getattr(w, name)(*args) for w in self.workers]
+
+        return call

@@ -228,8 +228,10 @@ def cmd_install_base(args) -> None:
 def _reevaluate_base(out: Path, job: dict, seed: int, device: str, differ: list[str]) -> None:
     """Evaluate an installed base policy with this job's evaluation settings, as its build's last
     stage does (:func:`methods.core.warmstart.warm_start_eval`, same seed), and update its
-    ``eval.json``: the held-out and training-split scores and the context check are this job's; the
-    build's own records (``stage1_*``, wall times) stay, and ``reevaluated`` says what changed."""
+    ``eval.json``: the held-out and training-split scores are this job's; the context check, which
+    the evaluation settings do not touch (the weights and ``warmstart.likelihood_tasks`` match, or
+    the base would not have been installed), and the build's own records (``stage1_*``, wall times)
+    stay, and ``reevaluated`` says what changed."""
     from methods.core.loop import TrainConfig
     from methods.core.policy import load_policy
     from methods.core.provenance import write_json_atomic
@@ -244,8 +246,9 @@ def _reevaluate_base(out: Path, job: dict, seed: int, device: str, differ: list[
     domain = get_domain(job["domain"], seed=job["task_seed"], **job["domain_options"])
     model, tokenizer = load_policy(out / "model", device=device)
     res = warm_start_eval(
-        model, ChatEncoder(tokenizer), domain, ws_cfg, train_cfg.sampling(eval=True), train_cfg.eval_episodes, seed
-    )
+        model, ChatEncoder(tokenizer), domain, ws_cfg, train_cfg.sampling(eval=True), train_cfg.eval_episodes, seed,
+        context_check=False,
+    )  # fmt: skip
     domain.close()
     report = json.loads((out / "eval.json").read_text())
     shipped_job = report.get("job")

@@ -32,6 +32,8 @@ METHODS = profile_methods(config)  # Table 1's methods: the profile's selection,
 ABLATIONS = profile_ablations(config)  # the profile's selection, else every configured variant
 ABLATION_DOMAINS = profile_ablation_domains(config)  # ablation_domains among the profile's domains
 OUT = f"results/{PROFILE}"  # every output of this profile
+# whose shipped base policies (results/base/<profile>/) this profile installs: its own unless it names another
+BASE_PROFILE = profile_section(config).get("base_profile", PROFILE)
 BACKEND = profile_section(config).get(
     "backend", "suite"
 )  # who trains the runs: the suite's loop, or verl (rules/verl.smk)
@@ -61,18 +63,26 @@ _SHIPPED = {}
 
 
 def shipped_path(domain):
-    return str(shipped_dir(PROFILE, domain))
+    return str(shipped_dir(BASE_PROFILE, domain))
 
 
 def shipped_base(domain):
-    """The shipped base policy directory if it is exactly what this profile would build, else None."""
+    """The shipped base policy directory if it is exactly what this profile would build, else None.
+    A profile that names another's base policies (base_profile) must fit them: it is refused otherwise."""
     if domain not in _SHIPPED:
         from tasks.base import get_domain
 
         job = job_of(domain)
         d = get_domain(domain, seed=job["task_seed"], **job["domain_options"])
-        path, why = shipped_matches(PROFILE, domain, job, BASE_SEED, d.version)
+        path, why = shipped_matches(BASE_PROFILE, domain, job, BASE_SEED, d.version)
         d.close()
+        if BASE_PROFILE != PROFILE and not path:
+            raise ValueError(
+                f"profile {PROFILE} installs the base policies of profile {BASE_PROFILE} (base_profile), but "
+                f"{shipped_path(domain)} "
+                + (f"was built with other {why}" if why else "holds none")
+                + f": give {PROFILE} {BASE_PROFILE}'s model, warm-start and sampling settings, or drop base_profile"
+            )
         if why:
             print(
                 f"note: the shipped base policy {shipped_path(domain)} was built with other {why}; training the {domain} base policy instead",

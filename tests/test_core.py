@@ -181,7 +181,7 @@ def test_profiles_select_domains_methods_and_heldout_benchmarks():
     [
         (
             lambda c: c.update(profile="huge"),
-            "unknown profile 'huge'.*known profiles: real, real-cpu, real-verl, small, small-wide, smoke",
+            "unknown profile 'huge'.*known profiles: real, real-cpu, real-verl, small, small-wide, smoke, tiny",
         ),
         (lambda c: c["profiles"]["small"].update(domains=["kode"]), r"profiles.small.domains: \['kode'\] are not"),
         (lambda c: c["profiles"]["small"].update(methods=["rloo"]), r"profiles.small.methods: \['rloo'\] are not"),

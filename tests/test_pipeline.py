@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _copy_repo(dst: Path) -> None:
-    for name in ("Snakefile", "config", "rules", "envs", "methods", "tasks", "analysis", "docs"):
+    # results/base: the shipped base policies (the smoke profile installs the small profile's)
+    for name in ("Snakefile", "config", "rules", "envs", "methods", "tasks", "analysis", "docs", "results/base"):
         src = ROOT / name
         if src.is_dir():
             shutil.copytree(src, dst / name, ignore=shutil.ignore_patterns("__pycache__"))
@@ -38,7 +39,14 @@ def _snakemake(cwd: Path, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # a hang guard for the whole smoke pipeline, not a speed check
 def test_smoke_pipeline_writes_table1(tmp_path):
+    """The smoke profile from the small profile's shipped base policies, every ablation variant on
+    (the profile itself runs the text control only): every rule, non-zero rewards, a signal for every
+    method."""
     _copy_repo(tmp_path)
+    cfg_path = tmp_path / "config" / "config.yaml"
+    every_variant = yaml.safe_load(cfg_path.read_text())
+    assert every_variant["profiles"]["smoke"].pop("ablations") == ["lopd_text"]
+    cfg_path.write_text(yaml.safe_dump(every_variant, sort_keys=False))
     lint = _snakemake(tmp_path, "--lint", "--config", "profile=smoke")
     assert lint.returncode == 0, lint.stdout + lint.stderr
     # every output of the profile lies under results/smoke/; results/table1.* and results/report.md
@@ -55,23 +63,28 @@ def test_smoke_pipeline_writes_table1(tmp_path):
     configured = set(yaml.safe_load((tmp_path / "config" / "config.yaml").read_text())["methods"])
     assert set(df.method) == {"vanilla"} | configured  # every method of the config line-up is in Table 1
     rr = df[df.method == "retrieval_rl"]
-    assert (rr.pre_rollouts == 32).all() and (
+    assert (rr.pre_rollouts == 64).all() and (
         df[df.method == "grpo"].pre_rollouts == 0
     ).all()  # the bank seed is recorded
     assert (df[df.method != "vanilla"].n_seeds == 2).all() and (
         df[df.method == "vanilla"].n_seeds == 1
     ).all()  # one base policy per domain
     assert (res_dir / "table1.md").exists() and (tmp_path / "results" / "table1.md").exists()
-    # the smoke profile's code warm start has the on-policy stage, its tool-use one is stage 1's
+    # the base policies are the small profile's, installed (not trained) and evaluated at the smoke's size
     smoke = tmp_path / "results" / "smoke"
-    code_ws = json.loads((smoke / "warmstart" / "code" / "eval.json").read_text())
-    tool_ws = json.loads((smoke / "warmstart" / "tooluse" / "eval.json").read_text())
-    assert (
-        code_ws["onpolicy_samples"] == 8
-        and "stage1_heldout_reward" in code_ws
-        and code_ws["job"]["warmstart"]["onpolicy_steps"] == 2
-    )
-    assert "onpolicy_samples" not in tool_ws and tool_ws["stage1_dir"] == "results/smoke/warmstart_stage1/tooluse"
+    for domain in ("code", "tooluse"):
+        ws = json.loads((smoke / "warmstart" / domain / "eval.json").read_text())
+        assert ws["reevaluated"]["settings"] == ["train.eval_episodes"] and ws["heldout_episodes"] == 32
+        log = (smoke / "logs" / "warmstart" / f"{domain}.log").read_text()
+        assert f"installed the shipped base policy results/base/small/{domain}" in log
+        assert not (smoke / "warmstart_stage1").exists()
+    # a first run shows something: the base policies solve tasks, and every method learns from something
+    assert (df[df.method == "vanilla"]["mean"] > 0).all() and (df["mean"] > 0).all()
+    for p in smoke.glob("runs/*/*/seed0/metrics.jsonl"):
+        steps = [json.loads(x) for x in p.read_text().splitlines()]
+        steps = [r for r in steps if r["kind"] == "train"]
+        signal = [r.get("signal_share") or r.get("skill_share") or r.get("trained_rollouts") for r in steps]
+        assert any(signal), (p, signal)
     summary = tmp_path / "results" / "smoke" / "runs" / "code" / "grpo" / "seed0" / "summary.json"
     assert summary.exists()
     # LOPD's ablations: every variant (and LOPD itself) on the ablation domains, cold starts shared by K and J
@@ -90,8 +103,7 @@ def test_smoke_pipeline_writes_table1(tmp_path):
     assert "](figures/sample_efficiency.png)" in (published / "report.md").read_text()
     assert (published / "figures" / "sample_efficiency.png").exists() and (published / "lopd_diagnosis.md").exists()
     dyn = pd.read_csv(res_dir / "lopd_dynamics.csv")
-    # (the smoke warm start solves nothing, so its banks stay empty and only β is ever logged as a number)
-    assert "lopd_beta" in set(dyn.metric) and (res_dir / "lopd_dynamics.png").exists()
+    assert {"lopd_beta", "lopd_kl", "lopd_margin"} <= set(dyn.metric) and (res_dir / "lopd_dynamics.png").exists()
     # the report gathers every table and figure, from these runs
     for name in (
         "figures/sample_efficiency.png",
@@ -144,15 +156,38 @@ def test_smoke_pipeline_writes_table1(tmp_path):
     (tmp_path / "results" / "table1.csv").unlink()
     elsewhere = _snakemake(tmp_path, "results/table1.csv", "--config", "profile=smoke")
     assert elsewhere.returncode != 0 and "ask for results/smoke/table1.csv" in elsewhere.stdout + elsewhere.stderr
-    _check_shipped_base(tmp_path, smoke)
+    # a profile that names another's base policies is refused where they do not fit it
+    other = _snakemake(tmp_path, "results/smoke/table1.csv", "--config", "profile=smoke", "task_seed=1", "--dry-run")
+    assert other.returncode != 0 and "installs the base policies of profile small" in other.stdout + other.stderr
 
 
-def _check_shipped_base(tmp_path: Path, smoke: Path) -> None:
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # a hang guard, not a speed check
+def test_base_policies_are_trained_in_two_stages_shipped_and_rebuilt(tmp_path):
+    """The tiny profile trains its base policies from scratch: code's with the on-policy stage, tool
+    use's stage 1 only; a shipped one is then installed instead, and base_rebuild rebuilds it bit for bit."""
+    _copy_repo(tmp_path)
+    tiny = tmp_path / "results" / "tiny"
+    targets = [f"results/tiny/warmstart/{d}/eval.json" for d in ("code", "tooluse")]
+    res = _snakemake(tmp_path, *targets, "--config", "profile=tiny")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
+    code_ws = json.loads((tiny / "warmstart" / "code" / "eval.json").read_text())
+    tool_ws = json.loads((tiny / "warmstart" / "tooluse" / "eval.json").read_text())
+    assert (
+        code_ws["onpolicy_samples"] == 8
+        and "stage1_heldout_reward" in code_ws
+        and code_ws["job"]["warmstart"]["onpolicy_steps"] == 2
+    )
+    assert "onpolicy_samples" not in tool_ws and tool_ws["stage1_dir"] == "results/tiny/warmstart_stage1/tooluse"
+    _check_shipped_base(tmp_path, tiny)
+
+
+def _check_shipped_base(tmp_path: Path, tiny: Path) -> None:
     """A shipped base policy is installed instead of trained, and base_rebuild rebuilds it bit for bit."""
     from methods.core.config import resolve_job
 
     cfg = yaml.safe_load((tmp_path / "config" / "config.yaml").read_text())
-    job = resolve_job({**cfg, "profile": "smoke"}, "code")
+    job = resolve_job({**cfg, "profile": "tiny"}, "code")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     ship = subprocess.run(
         [
@@ -165,9 +200,9 @@ def _check_shipped_base(tmp_path: Path, smoke: Path) -> None:
             "--seed",
             "0",
             "--warmstart",
-            "results/smoke/warmstart/code",
+            "results/tiny/warmstart/code",
             "--out",
-            "results/base/smoke/code",
+            "results/base/tiny/code",
         ],
         cwd=tmp_path,
         capture_output=True,
@@ -176,37 +211,37 @@ def _check_shipped_base(tmp_path: Path, smoke: Path) -> None:
         env=env,
     )
     assert ship.returncode == 0, ship.stderr
-    built = (smoke / "warmstart" / "code" / "eval.json").read_bytes()
-    shutil.rmtree(smoke / "warmstart" / "code")
-    shutil.rmtree(smoke / "warmstart_stage1" / "code")
-    res = _snakemake(tmp_path, "results/smoke/warmstart/code/eval.json", "--config", "profile=smoke")
+    built = (tiny / "warmstart" / "code" / "eval.json").read_bytes()
+    shutil.rmtree(tiny / "warmstart" / "code")
+    shutil.rmtree(tiny / "warmstart_stage1" / "code")
+    res = _snakemake(tmp_path, "results/tiny/warmstart/code/eval.json", "--config", "profile=tiny")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert (smoke / "warmstart" / "code" / "eval.json").read_bytes() == built
-    assert not (smoke / "warmstart_stage1" / "code").exists()  # installed, not trained
+    assert (tiny / "warmstart" / "code" / "eval.json").read_bytes() == built
+    assert not (tiny / "warmstart_stage1" / "code").exists()  # installed, not trained
     # a changed setting makes the pipeline train the base policy again instead of installing it
     dry = _snakemake(
-        tmp_path, "results/smoke/warmstart/code/eval.json", "--config", "profile=smoke", "task_seed=1", "--dry-run"
+        tmp_path, "results/tiny/warmstart/code/eval.json", "--config", "profile=tiny", "task_seed=1", "--dry-run"
     )
     assert "warmstart_stage1" in dry.stdout and "built with other settings task_seed" in dry.stderr
-    res = _snakemake(tmp_path, "results/smoke/base_rebuild/code/check.json", "--config", "profile=smoke")
+    res = _snakemake(tmp_path, "results/tiny/base_rebuild/code/check.json", "--config", "profile=tiny")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    check = json.loads((smoke / "base_rebuild" / "code" / "check.json").read_text())
+    check = json.loads((tiny / "base_rebuild" / "code" / "check.json").read_text())
     assert check["bit_identical"] and check["scores_equal"] and "model/model.safetensors" in check["model_files"], check
     # another evaluation size: the shipped base still fits (its weights do not depend on it) and is
     # evaluated again with the new size instead of being trained
     cfg_path = tmp_path / "config" / "config.yaml"
     original = cfg_path.read_text()
     more = yaml.safe_load(original)
-    more["profiles"]["smoke"]["train"]["eval_episodes"] = 20
+    more["profiles"]["tiny"]["train"]["eval_episodes"] = 20
     cfg_path.write_text(yaml.safe_dump(more))
-    shutil.rmtree(smoke / "warmstart_stage1" / "code")  # (base_rebuild built it)
+    shutil.rmtree(tiny / "warmstart_stage1" / "code")  # (base_rebuild built it)
     try:
-        res = _snakemake(tmp_path, "results/smoke/warmstart/code/eval.json", "--config", "profile=smoke")
+        res = _snakemake(tmp_path, "results/tiny/warmstart/code/eval.json", "--config", "profile=tiny")
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-        ev = json.loads((smoke / "warmstart" / "code" / "eval.json").read_text())
+        ev = json.loads((tiny / "warmstart" / "code" / "eval.json").read_text())
         assert ev["heldout_episodes"] == 20 and ev["reevaluated"]["settings"] == ["train.eval_episodes"], ev
         assert ev["job"]["train"]["eval_episodes"] == 20
-        assert not (smoke / "warmstart_stage1" / "code").exists()  # installed, not trained
+        assert not (tiny / "warmstart_stage1" / "code").exists()  # installed, not trained
     finally:
         cfg_path.write_text(original)
 
@@ -223,4 +258,4 @@ def test_bad_config_fails_before_any_job_and_writes_nothing(tmp_path, override, 
     res = _snakemake(tmp_path, "results/table1.csv", "--config", override)
     assert res.returncode != 0
     assert message in res.stdout + res.stderr
-    assert not (tmp_path / "results").exists()
+    assert [p.name for p in (tmp_path / "results").iterdir()] == ["base"]  # the shipped base policies only

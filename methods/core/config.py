@@ -216,6 +216,8 @@ def profile_digest(config: dict[str, Any], profile: str | None = None) -> str:
         "base_seed": prof.get("base_seed", 0),
         "task_seed": cfg.get("task_seed", 0),
     }
+    if prof.get("base_profile"):  # (only where set: the digests of profiles without one stay as they were)
+        grid["base_profile"] = prof["base_profile"]
     for d in domains:
         runs = list(profile_methods(cfg))
         if d in ablation_domains:

@@ -431,12 +431,14 @@ def warm_start_eval(
     sampling: SamplingConfig,
     eval_episodes: int,
     seed: int,
+    context_check: bool = True,
 ) -> dict:
     """What a warm start reports of its policy: held-out reward (Table 1's Vanilla), the
-    training split's reward, and the context likelihood check."""
+    training split's reward, and (unless ``context_check`` is off) the context likelihood check,
+    which depends on the weights and ``cfg.likelihood_tasks`` only, not on the evaluation settings."""
     heldout = evaluate(model, encoder, domain, domain.tasks("test", eval_episodes), sampling, seed=seed)
     train_eval = evaluate(model, encoder, domain, domain.tasks("train", eval_episodes), sampling, seed=seed)
-    ctx = context_likelihood_check(model, encoder, domain, cfg.likelihood_tasks, seed)
+    ctx = context_likelihood_check(model, encoder, domain, cfg.likelihood_tasks, seed) if context_check else {}
     return {**heldout, "train_reward": train_eval["heldout_reward"], **ctx}
 
 

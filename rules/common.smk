@@ -32,6 +32,8 @@ METHODS = profile_methods(config)  # Table 1's methods: the profile's selection,
 ABLATIONS = profile_ablations(config)  # the profile's selection, else every configured variant
 ABLATION_DOMAINS = profile_ablation_domains(config)  # ablation_domains among the profile's domains
 OUT = f"results/{PROFILE}"  # every output of this profile
+FOCUS = config["focus_method"]  # the method reproduced (LOPD): its ablations, improvement, dynamics, diagnosis
+REFERENCE = config["reference_method"]  # the baseline rollouts-to-target is read against
 # whose shipped base policies (results/base/<profile>/) this profile installs: its own unless it names another
 BASE_PROFILE = profile_section(config).get("base_profile", PROFILE)
 BACKEND = profile_section(config).get(
@@ -109,8 +111,10 @@ def coldstart_job(domain, key):
 
 
 def testbed_n_retrieve(domain):
-    """Retrieval RL's n_retrieve (the experience check hands the base policy its context); 3 without it."""
-    return job_of(domain, "retrieval_rl")["method_config"]["n_retrieve"] if "retrieval_rl" in METHODS else 3
+    """The n_retrieve of the first of the profile's methods that reads the bank (retrieval RL: the
+    experience check hands the base policy its context); 3 where none does."""
+    readers = [m for m in METHODS if uses_bank(config, m)]
+    return job_of(domain, readers[0])["method_config"]["n_retrieve"] if readers else 3
 
 
 def testbed_uses_bank(domain):

@@ -24,7 +24,7 @@ rule sample_efficiency:
 
 
 rule rollouts_to_target:
-    """Student rollouts at which each method first reaches GRPO's final held-out score (bootstrap CI over seeds)."""
+    """Student rollouts at which each method first reaches the reference method's (GRPO's) final held-out score (bootstrap CI over seeds)."""
     input:
         runs=RUN_SUMMARIES,
     output:
@@ -35,12 +35,14 @@ rule rollouts_to_target:
     conda:
         "../envs/suite.yaml"
     threads: 1
+    params:
+        reference=REFERENCE,
     shell:
-        "python -m analysis.rollouts_to_target --runs {input.runs} --reference grpo --out-csv {output.csv} --out-md {output.md} > {log} 2>&1"
+        "python -m analysis.rollouts_to_target --runs {input.runs} --reference {params.reference} --out-csv {output.csv} --out-md {output.md} > {log} 2>&1"
 
 
 rule improvement:
-    """Probability of improvement of LOPD over every other method and Vanilla (stratified bootstrap CI)."""
+    """Probability of improvement of the focus method (LOPD) over every other method and Vanilla (stratified bootstrap CI)."""
     input:
         vanilla=VANILLA_EVALS,
         runs=RUN_SUMMARIES,
@@ -52,8 +54,10 @@ rule improvement:
     conda:
         "../envs/suite.yaml"
     threads: 1
+    params:
+        focus=FOCUS,
     shell:
-        "python -m analysis.improvement --vanilla {input.vanilla} --runs {input.runs} --method lopd --out-csv {output.csv} --out-md {output.md} > {log} 2>&1"
+        "python -m analysis.improvement --vanilla {input.vanilla} --runs {input.runs} --method {params.focus} --out-csv {output.csv} --out-md {output.md} > {log} 2>&1"
 
 
 rule behaviour:

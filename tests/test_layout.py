@@ -1,4 +1,4 @@
-"""The shared core knows no method: nothing under ``methods/core/``, and not ``methods/cli.py``,
+"""The shared core knows no method: nothing under ``methods/core/`` or ``methods/stages/``, and not ``methods/cli.py``,
 imports a method module or names a field that only a method's own config has.  Methods declare
 what they need (``uses_bank``, ``needs_cold_start``, ``cold_start_fields``) and the core reads
 the declarations."""
@@ -14,7 +14,11 @@ import pytest
 from methods.core import registry
 
 ROOT = Path(__file__).resolve().parents[1]
-CORE_FILES = sorted((ROOT / "methods" / "core").glob("*.py")) + [ROOT / "methods" / "cli.py"]
+CORE_FILES = (
+    sorted((ROOT / "methods" / "core").glob("*.py"))
+    + sorted((ROOT / "methods" / "stages").glob("*.py"))
+    + [ROOT / "methods" / "cli.py"]
+)
 
 
 def _imported_modules(path: Path) -> set[str]:
@@ -45,6 +49,40 @@ def test_the_core_imports_no_method_module():
     for path in CORE_FILES:
         bad = {m for m in _imported_modules(path) if any(m == p or m.startswith(p + ".") for p in method_packages)}
         assert not bad, f"{path.relative_to(ROOT)} imports method modules {sorted(bad)}"
+
+
+def _code_of_rule_file(text: str) -> str:
+    """A Snakemake file without its comments and its docstrings (what runs, not what documents)."""
+    import re
+
+    text = re.sub(r'"""(.|\n)*?"""', "", text)
+    return "\n".join(line.split("#", 1)[0] for line in text.splitlines())
+
+
+def test_no_rule_file_names_a_method():
+    """The rules ask the configuration (``focus_method``, ``reference_method``) and the methods'
+    declarations (``uses_bank``, cold starts) instead of naming methods, so a method is one module
+    plus one config line for the pipeline too."""
+    import re
+
+    names = set(registry.known_methods())
+    assert {"grpo", "lopd", "retrieval_rl"} <= names
+    pattern = re.compile(r"\b(" + "|".join(sorted(names)) + r")\b")
+    for path in [ROOT / "Snakefile", *sorted((ROOT / "rules").glob("*.smk"))]:
+        hits = sorted(set(pattern.findall(_code_of_rule_file(path.read_text()))))
+        assert not hits, f"{path.relative_to(ROOT)} names the methods {hits}"
+    assert pattern.findall(_code_of_rule_file('x = job_of(d, "retrieval_rl")  # retrieval RL')) == ["retrieval_rl"]
+
+
+def test_the_core_names_no_methods_own_counter():
+    """A method's own token-pass counters (LOPD's composer) are its declaration, not the ledger's."""
+    import re
+
+    own = {c for name in registry.known_methods() for c in registry.get_method(name).pass_counters}
+    assert {"composer_fwd_tokens", "composer_bwd_tokens"} <= own
+    for path in CORE_FILES:
+        hits = {c for c in own if re.search(rf"\b{c}\b", path.read_text())}
+        assert not hits, f"{path.relative_to(ROOT)} names {sorted(hits)}"
 
 
 def test_the_core_imports_no_verl_backend():

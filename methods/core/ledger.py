@@ -16,14 +16,20 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+#: the token-pass counters every method shares; a method adds its own networks' (LOPD's composer) by
+#: declaring them (``Method.pass_counters``), and every ledger carries every registered method's
 PASS_FIELDS = (
     "rollout_tokens",
     "student_fwd_tokens",
     "student_bwd_tokens",
     "teacher_bwd_tokens",
-    "composer_fwd_tokens",
-    "composer_bwd_tokens",
 )
+
+
+def _method_counters() -> dict[str, int]:
+    from .registry import declared_pass_counters
+
+    return dict.fromkeys((c for c in declared_pass_counters() if c not in PASS_FIELDS), 0)
 
 
 @dataclass
@@ -43,8 +49,8 @@ class Ledger:
     student_fwd_tokens: int = 0
     student_bwd_tokens: int = 0
     teacher_bwd_tokens: int = 0
-    composer_fwd_tokens: int = 0
-    composer_bwd_tokens: int = 0
+    #: the methods' own counters (``Method.pass_counters``), by name
+    method_passes: dict[str, int] = field(default_factory=_method_counters)
     _tasks: set[str] = field(default_factory=set)
     _t0: float | None = None
 
@@ -78,9 +84,15 @@ class Ledger:
     def add_passes(self, **tokens: int) -> None:
         """Count token passes, e.g. ``add_passes(student_fwd_tokens=n, student_bwd_tokens=n)``."""
         for name, n in tokens.items():
-            if name not in PASS_FIELDS:
-                raise KeyError(f"unknown token-pass counter {name!r}; known: {', '.join(PASS_FIELDS)}")
-            setattr(self, name, getattr(self, name) + int(n))
+            if name in PASS_FIELDS:
+                setattr(self, name, getattr(self, name) + int(n))
+            elif name in self.method_passes:
+                self.method_passes[name] += int(n)
+            else:
+                known = ", ".join((*PASS_FIELDS, *self.method_passes))
+                raise KeyError(
+                    f"unknown token-pass counter {name!r}; known: {known} (a method declares its own in pass_counters)"
+                )
 
     def add_eval_time(self, seconds: float) -> None:
         self.eval_wall_s += float(seconds)
@@ -97,6 +109,7 @@ class Ledger:
             "wall_s": round(self.wall_s, 3),
             "eval_wall_s": round(self.eval_wall_s, 3),
             **{name: getattr(self, name) for name in PASS_FIELDS},
+            **self.method_passes,
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -109,4 +122,6 @@ class Ledger:
         self.eval_wall_s = s.get("eval_wall_s", 0.0)
         for name in PASS_FIELDS:
             setattr(self, name, s.get(name, 0))
+        for name in self.method_passes:
+            self.method_passes[name] = s.get(name, 0)
         self._tasks = set(s["tasks"])

@@ -73,6 +73,10 @@ class Method:
     #: rule, ``python -m methods.cli coldstart``) through :meth:`cold_start`; the run gets the
     #: file as ``run.cold_start_path``
     needs_cold_start: ClassVar[bool] = False
+    #: token-pass counters of the method's own networks (LOPD's composer) beyond the shared ones
+    #: (:data:`methods.core.ledger.PASS_FIELDS`): every run's ledger carries every registered method's,
+    #: so the compute-matched view (``analysis/compute.py``) reads the same fields from each run
+    pass_counters: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def cold_start(cls, cfg: MethodConfig, *, backbone, encoder, bank, domain, seed: int, device) -> tuple[dict, dict]:
@@ -199,6 +203,16 @@ def _import_methods() -> None:
 def known_methods() -> list[str]:
     _import_methods()
     return sorted(_METHODS)
+
+
+def declared_pass_counters() -> tuple[str, ...]:
+    """The registered methods' own token-pass counters (:attr:`Method.pass_counters`), each once, by
+    method name."""
+    _import_methods()
+    out: list[str] = []
+    for name in sorted(_METHODS):
+        out += [c for c in _METHODS[name].pass_counters if c not in out]
+    return tuple(out)
 
 
 def get_method(name: str) -> type[Method]:

@@ -223,6 +223,8 @@ STEP_KEYS = (
 @register_method("lopd")
 class LOPD(Method):
     Config = LOPDConfig
+    #: the composer's token passes (compute-matched view): forward, and backward in the composer step
+    pass_counters = ("composer_fwd_tokens", "composer_bwd_tokens")
     uses_bank = True
     needs_cold_start = True  # the latent teacher's composer (the text control's cold_start_key is None: none)
 

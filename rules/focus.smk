@@ -1,3 +1,5 @@
+# The focus method's rules (focus_method in config/config.yaml: LOPD): its cold start, its ablations, and
+# the dynamics and diagnosis of its runs.
 rule coldstart:
     """LOPD: cold-start the composer (LoRA + Q-Former) on the warm start's own successes (per domain, RL seed and K/J, from the domain's base policy and bank)."""
     input:
@@ -28,7 +30,7 @@ rule ablations:
         runs=expand(
             f"{OUT}/runs/{{domain}}/{{method}}/seed{{seed}}/summary.json",
             domain=ABLATION_DOMAINS,
-            method=["lopd"] + ABLATIONS,
+            method=[FOCUS] + ABLATIONS,
             seed=SEEDS,
         ),
     output:
@@ -48,7 +50,7 @@ rule ablations:
 rule lopd_dynamics:
     """β, Δ, the composer's KL and the anchor over training, for LOPD and its variants (CSV + figure)."""
     input:
-        runs=expand(f"{OUT}/runs/{{domain}}/lopd/seed{{seed}}/summary.json", domain=DOMAINS, seed=SEEDS)
+        runs=expand(f"{OUT}/runs/{{domain}}/{FOCUS}/seed{{seed}}/summary.json", domain=DOMAINS, seed=SEEDS)
         + expand(
             f"{OUT}/runs/{{domain}}/{{method}}/seed{{seed}}/summary.json",
             domain=ABLATION_DOMAINS,
@@ -72,7 +74,7 @@ rule lopd_dynamics:
 rule lopd_diagnosis:
     """Where LOPD lands and why (analysis/lopd_diagnosis.py): cold-start gains, signal share, the teacher's advantage on successes and failures, β and Δ, the teacher against the student, per domain and variant over seeds."""
     input:
-        runs=expand(f"{OUT}/runs/{{domain}}/lopd/seed{{seed}}/summary.json", domain=DOMAINS, seed=SEEDS)
+        runs=expand(f"{OUT}/runs/{{domain}}/{FOCUS}/seed{{seed}}/summary.json", domain=DOMAINS, seed=SEEDS)
         + expand(
             f"{OUT}/runs/{{domain}}/{{method}}/seed{{seed}}/summary.json",
             domain=ABLATION_DOMAINS,
@@ -101,7 +103,7 @@ if profile_section(config).get("compare_profile"):
             other=expand(
                 f"results/{COMPARE}/runs/{{domain}}/{{method}}/seed{{seed}}/summary.json",
                 domain=ABLATION_DOMAINS,
-                method=["lopd"] + ABLATIONS,
+                method=[FOCUS] + ABLATIONS,
                 seed=SEEDS,
             ),
         output:

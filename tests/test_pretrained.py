@@ -200,7 +200,7 @@ def test_a_journal_is_bound_to_the_model_files_bytes_not_to_their_path_or_times(
     import os
     import shutil
 
-    from methods.cli import _model_identity
+    from methods.stages.models import model_identity as _model_identity
 
     a = tmp_path / "a"
     a.mkdir()

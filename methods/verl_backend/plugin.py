@@ -289,6 +289,18 @@ def _ours(registered, fn) -> bool:
     )
 
 
+def _register_distillation_loss(name: str, fn, **settings) -> None:
+    """``fn`` as verl's distillation loss ``name`` (an earlier copy of it replaced; another function
+    under that name refused)."""
+    registered = verl_distill.DISTILLATION_LOSS_REGISTRY.get(name)
+    if registered is not None and not _ours(registered, fn):
+        raise ValueError(f"verl already has another distillation loss named {name!r}")
+    if registered is not None:
+        verl_distill.DISTILLATION_LOSS_REGISTRY[name] = fn
+    else:
+        verl_distill.register_distillation_loss(verl_distill.DistillationLossSettings(names=[name], **settings))(fn)
+
+
 def register() -> None:
     """Put the suite's functions into verl's registries (each name once; an earlier copy of this
     module's own function is replaced; another function already registered under one of the names is
@@ -300,24 +312,10 @@ def register() -> None:
         else:
             core_algos.register_adv_est(name)(fn)
     core_algos.register_policy_loss(POLICY_LOSS)(ppo_loss)
-    registered = verl_distill.DISTILLATION_LOSS_REGISTRY.get(DISTILLATION_LOSS)
-    if registered is not None and not _ours(registered, sampled_reverse_kl):
-        raise ValueError(f"verl already has another distillation loss named {DISTILLATION_LOSS!r}")
-    if registered is not None:
-        verl_distill.DISTILLATION_LOSS_REGISTRY[DISTILLATION_LOSS] = sampled_reverse_kl
-    else:
-        settings = verl_distill.DistillationLossSettings(names=[DISTILLATION_LOSS], use_estimator=True)
-        verl_distill.register_distillation_loss(settings)(sampled_reverse_kl)
+    _register_distillation_loss(DISTILLATION_LOSS, sampled_reverse_kl, use_estimator=True)
     # the top-k + tail reverse KL: its per-token values come from the logits processor (below), and the
     # final loss (topk_tail_loss) reads them there
-    registered = verl_distill.DISTILLATION_LOSS_REGISTRY.get(TOPK_TAIL_LOSS)
-    if registered is not None and not _ours(registered, topk_tail_loss):
-        raise ValueError(f"verl already has another distillation loss named {TOPK_TAIL_LOSS!r}")
-    if registered is not None:
-        verl_distill.DISTILLATION_LOSS_REGISTRY[TOPK_TAIL_LOSS] = topk_tail_loss
-    else:
-        settings = verl_distill.DistillationLossSettings(names=[TOPK_TAIL_LOSS], use_topk=True)
-        verl_distill.register_distillation_loss(settings)(topk_tail_loss)
+    _register_distillation_loss(TOPK_TAIL_LOSS, topk_tail_loss, use_topk=True)
     _dispatch_topk_loss()
 
 

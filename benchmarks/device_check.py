@@ -827,7 +827,7 @@ def prepare_model_dir(gguf: str | None, out: Path) -> None:
     """SmolLM2-135M-Instruct's config and tokenizer (3.4 MB, no weights) from its GGUF into ``out``."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from methods.core.gguf import gguf_path
+    from methods.stages.gguf import gguf_path
 
     path = Path(gguf) if gguf else gguf_path("smollm2-135m-instruct")
     out.mkdir(parents=True, exist_ok=True)

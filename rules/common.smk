@@ -6,7 +6,7 @@ import shlex
 import sys
 
 sys.path.insert(0, workflow.basedir)
-from methods.core.shipped import matches as shipped_matches, shipped_dir
+from methods.stages.shipped import matches as shipped_matches, shipped_dir
 from methods.core.config import (
     bank_job,
     cold_start_key,

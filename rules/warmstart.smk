@@ -26,7 +26,7 @@ rule warmstart:
     """The base policy every method and seed of a domain starts from: stage 1's, continued by
     the on-policy stage when warmstart.onpolicy_steps > 0; its held-out score is Table 1's Vanilla.
     A base policy shipped in results/base/<profile>/<domain>/ is installed instead of trained when
-    its manifest records exactly this job, seed and task version (methods/core/shipped.py)."""
+    its manifest records exactly this job, seed and task version (methods/stages/shipped.py)."""
     input:
         lambda w: (
             [f"{shipped_base(w.domain)}/manifest.json"]

@@ -140,7 +140,7 @@ class TaskDomain(abc.ABC):
         tasks on the train split's groups plus a share of unseen groups), and
         ``warmstart``: tasks on fresh groups (environment variants / projects),
         a few tasks each, that no other split contains -- the stand-in for
-        pretraining data (``methods/core/warmstart.py``).  A domain loaded from
+        pretraining data (``methods/stages/warmstart.py``).  A domain loaded from
         a real benchmark may have no ``warmstart`` split; a real model needs none."""
 
     @abc.abstractmethod

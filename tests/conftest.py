@@ -21,7 +21,7 @@ DOMAINS = ["tooluse", "code"]
 def tiny_configs():
     from methods.core.loop import TrainConfig
     from methods.core.policy import ModelConfig
-    from methods.core.warmstart import WarmStartConfig
+    from methods.stages.warmstart import WarmStartConfig
 
     model = ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
     ws = WarmStartConfig(
@@ -53,7 +53,7 @@ def warmstarts(tmp_path_factory):
     from filelock import FileLock
 
     from methods.core.policy import save_policy
-    from methods.core.warmstart import warm_start
+    from methods.stages.warmstart import warm_start
     from tasks.base import get_domain
 
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")

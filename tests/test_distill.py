@@ -172,7 +172,7 @@ def test_failed_attempt_shift_scores_the_students_own_failed_actions(warmstarts)
     import dataclasses
 
     from methods.core.distill import expert_trace, failed_attempt_shift, gain_record
-    from methods.core.warmstart import mean_agent_logprob
+    from methods.core.evaluate import mean_agent_logprob
 
     run = _run(warmstarts["code"][0], "code")
     teacher = Teacher(run, "student")

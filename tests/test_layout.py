@@ -85,6 +85,14 @@ def test_the_core_names_no_methods_own_counter():
         assert not hits, f"{path.relative_to(ROOT)} names {sorted(hits)}"
 
 
+def test_the_kernel_imports_no_stage():
+    """The training kernel (``methods/core/``) runs without the pipeline's stages (``methods/stages/``):
+    the arrow goes from the stages to the kernel only."""
+    for path in sorted((ROOT / "methods" / "core").glob("*.py")):
+        bad = {m for m in _imported_modules(path) if m.startswith("methods.stages") or m.startswith("methods.cli")}
+        assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+
+
 def test_the_core_imports_no_verl_backend():
     """The training kernel runs without verl: nothing under ``methods/core/`` imports the backend."""
     for path in sorted((ROOT / "methods" / "core").glob("*.py")):

@@ -1,4 +1,4 @@
-"""Real pretrained models from GGUF files (methods/core/gguf.py): the conversion round trip."""
+"""Real pretrained models from GGUF files (methods/stages/gguf.py): the conversion round trip."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from methods.core import gguf
 from methods.core.policy import load_policy
+from methods.stages import gguf
 
 NAME = "smollm2-135m-instruct"
 
@@ -118,8 +118,8 @@ def test_incremental_chat_encoding_matches_the_real_models_template():
 def test_the_real_model_answers_humaneval_through_the_rollout_engine(smollm2):
     """A tiny slice of the real path: SmolLM2 greedy and sampled on two HumanEval problems, each
     answer assembled, run in the sandbox and scored by the benchmark's check."""
-    from methods.core.benchmark import benchmark_eval
     from methods.core.tokenizer import ChatEncoder
+    from methods.stages.benchmark import benchmark_eval
     from tasks.base import get_domain
 
     _, ref, tokenizer = smollm2
@@ -151,8 +151,8 @@ def _without_timings(report: dict) -> dict:
 def test_an_interrupted_benchmark_resumes_to_the_same_report(smollm2, tmp_path, capsys):
     """Each finished batch is journalled; a rerun after a crash (here: the journal cut after a
     batch, with a torn line after it) plays only the rest and reports what one run would."""
-    from methods.core.benchmark import benchmark_eval
     from methods.core.tokenizer import ChatEncoder
+    from methods.stages.benchmark import benchmark_eval
     from tasks.base import get_domain
 
     _, ref, tokenizer = smollm2
@@ -183,7 +183,7 @@ def test_an_interrupted_benchmark_resumes_to_the_same_report(smollm2, tmp_path, 
 
 
 def test_a_journal_written_under_other_settings_is_refused(tmp_path):
-    from methods.core.benchmark import _Journal
+    from methods.stages.benchmark import _Journal
 
     path = tmp_path / "j.jsonl"
     _Journal(path, {"samples": 20}).add("humaneval greedy", 0, [{"task_id": "HumanEval/0"}], 1.0)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from methods.core import shipped
+from methods.stages import shipped
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = {

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from methods.core.warmstart import WarmStartConfig, batch_stream, expert_episodes
+from methods.stages.warmstart import WarmStartConfig, batch_stream, expert_episodes
 from tasks.base import get_domain
 
 DOMAINS = ["tooluse", "code"]
@@ -138,7 +138,7 @@ def test_config_bounds():
 def test_recovery_demos_mask_the_corrupted_call_and_still_solve_the_task(domain):
     from methods.core.rollout import trajectory_ids
     from methods.core.tokenizer import ChatEncoder, train_tokenizer
-    from methods.core.warmstart import recovery_demos
+    from methods.stages.warmstart import recovery_demos
     from tasks.base import format_trace
 
     eps = expert_episodes(domain, domain.tasks("warmstart", 120))
@@ -168,9 +168,9 @@ def test_masked_nll_equals_the_masked_sum_of_token_logprobs():
     import torch
 
     from methods.core.batch import token_logprobs
+    from methods.core.evaluate import masked_nll
     from methods.core.policy import ModelConfig, build_policy
     from methods.core.tokenizer import train_tokenizer
-    from methods.core.warmstart import masked_nll
 
     tok = train_tokenizer(["find(Mara Velk)", "def f(xs):\n    return xs"] * 10, vocab_size=300)
     model = build_policy(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tok, seed=0)
@@ -194,7 +194,7 @@ def test_context_shares_must_fit_in_one():
 
 
 def test_failed_attempts_fail_and_carry_the_environments_feedback(domain):
-    from methods.core.warmstart import failed_attempts
+    from methods.stages.warmstart import failed_attempts
 
     eps = expert_episodes(domain, domain.tasks("warmstart", 60))
     failed = failed_attempts(domain, eps, random.Random(0))
@@ -217,7 +217,7 @@ def test_warmstart_contexts_use_the_methods_formats(domain, kind):
     """SDPO's feedback reprompt and Skill-SD's skills enter the demonstrations in the methods' own
     formats (methods/core/contexts.py), and only when their shares are set."""
     from methods.core.tokenizer import ChatEncoder, train_tokenizer
-    from methods.core.warmstart import build_examples
+    from methods.stages.warmstart import build_examples
     from tasks.base import format_trace
 
     eps = expert_episodes(domain, domain.tasks("warmstart", 80))
@@ -246,7 +246,7 @@ def test_demonstrations_without_context_come_from_the_imperfect_demonstrator(dem
     context block are the domain's imperfect demonstrator's (here: one that never recovers)."""
     from methods.core.rollout import trajectory_ids
     from methods.core.tokenizer import ChatEncoder, train_tokenizer
-    from methods.core.warmstart import build_examples
+    from methods.stages.warmstart import build_examples
     from tasks.base import format_trace
 
     domain = get_domain("tooluse", seed=0)
@@ -271,7 +271,7 @@ def test_retrieval_shaped_contexts_hold_several_solved_tasks_one_of_the_group(do
     """retrieved_share: a same-group context block becomes what retrieval hands a student:
     retrieved_docs solved tasks (task line + trace) joined by blank lines, at least one from the
     task's group; retrieved_share 0 keeps the one-trace blocks and their random stream."""
-    from methods.core.warmstart import _context_for
+    from methods.stages.warmstart import _context_for
     from tasks.base import format_trace
 
     eps = expert_episodes(domain, domain.tasks("warmstart", 120))

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from methods.core.warmstart import WarmStartConfig, expert_episodes
-from methods.core.warmstart_onpolicy import onpolicy_examples
+from methods.stages.warmstart import WarmStartConfig, expert_episodes
+from methods.stages.warmstart_onpolicy import onpolicy_examples
 from tasks.base import format_trace, get_domain
 
 
@@ -188,7 +188,7 @@ def test_stage2_job_continues_stage1_or_passes_it_through_and_refuses_another_st
 
 
 def test_continue_warm_start_needs_the_stage_on():
-    from methods.core.warmstart_onpolicy import continue_warm_start
+    from methods.stages.warmstart_onpolicy import continue_warm_start
 
     with pytest.raises(ValueError, match="onpolicy_steps > 0"):
         continue_warm_start(None, None, None, WarmStartConfig(), None, None, 4, 0, {})

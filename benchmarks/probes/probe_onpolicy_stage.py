@@ -5,7 +5,7 @@
 
 The pipeline runs the stage as the ``warmstart`` rule (``methods.cli warmstart-stage2``)
 with the configured ``warmstart.onpolicy_*``; this script runs the same
-:func:`methods.core.warmstart_onpolicy.continue_warm_start` with the stage-1 warm
+:func:`methods.stages.warmstart_onpolicy.continue_warm_start` with the stage-1 warm
 start's own recorded job, ``--steps``, ``--tasks`` and ``--lr`` overriding its
 ``onpolicy_*`` fields, to measure a setting before adopting it.  Writes ``OUT/model``
 and ``OUT/eval.json`` (held-out reward and the context check after, ``stage1_*``
@@ -35,8 +35,8 @@ def main(argv=None) -> None:
     from methods.core.provenance import provenance, write_json_atomic
     from methods.core.registry import make_config
     from methods.core.tokenizer import ChatEncoder
-    from methods.core.warmstart import WarmStartConfig
-    from methods.core.warmstart_onpolicy import continue_warm_start
+    from methods.stages.warmstart import WarmStartConfig
+    from methods.stages.warmstart_onpolicy import continue_warm_start
     from tasks.base import get_domain
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

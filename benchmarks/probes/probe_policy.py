@@ -88,7 +88,7 @@ def probe(domain, a) -> dict:
     from methods.core.policy import load_policy
     from methods.core.rollout import SamplingConfig, run_episodes
     from methods.core.tokenizer import ChatEncoder
-    from methods.core.warmstart import expert_episodes
+    from methods.stages.warmstart import expert_episodes
     from tasks.base import format_trace
 
     model, tok = load_policy(a.model)

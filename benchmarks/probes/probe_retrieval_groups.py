@@ -32,10 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def main(argv=None) -> None:
-    from methods.core.warmstart import expert_episodes
     from methods.experience import BankConfig, ExperienceBank
     from methods.experience.bank import same_group_share
     from methods.experience.encoder import TextEncoder
+    from methods.stages.warmstart import expert_episodes
     from tasks.base import get_domain
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

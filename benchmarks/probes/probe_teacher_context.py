@@ -24,7 +24,7 @@ for the contexts the self-distillation methods build:
 
 Positive: the teacher can use that context; negative: it misleads the teacher.
 ``--context-check SEED`` adds the warm start's own context check
-(:func:`methods.core.warmstart.context_likelihood_check` with that seed, what
+(:func:`methods.stages.warmstart.context_likelihood_check` with that seed, what
 ``eval.json`` holds; ``check_*`` keys), e.g. to measure a warm start built before the
 check had its feedback and skill gains.  Prints one JSON line.
 """
@@ -138,7 +138,7 @@ def main(argv=None) -> None:
                 context_gain(teacher, st, [sdpo_reprompt(rs, 0, range(len(rs))) for rs in groups]), 4
             )
     if a.context_check is not None:
-        from methods.core.warmstart import context_likelihood_check
+        from methods.stages.warmstart import context_likelihood_check
 
         check = context_likelihood_check(model, enc, domain, 200, a.context_check)
         out.update({f"check_{k}": round(v, 4) for k, v in check.items() if k.startswith("context_gain")})

@@ -228,7 +228,7 @@ def failed_attempt_shift(teacher: Teacher, rollouts: Sequence, contexts: Sequenc
 def context_gain(teacher: Teacher, tasks: Sequence[Task], contexts: Sequence[str | None]) -> float:
     """Mean per-token log-lik of the expert's actions with the context minus without (tasks with a context).
 
-    The warm start's own context check (:func:`methods.core.warmstart.mean_agent_logprob`) on the teacher."""
+    The warm start's own context check (:func:`methods.core.evaluate.mean_agent_logprob`) on the teacher."""
     items = [(t, c, teacher.run.domain.expert_trajectory(t).turns) for t, c in zip(tasks, contexts) if c is not None]
     return _context_shift(teacher, items) if items else 0.0
 
@@ -237,7 +237,7 @@ def context_gain(teacher: Teacher, tasks: Sequence[Task], contexts: Sequence[str
 def _context_shift(teacher: Teacher, items: Sequence) -> float:
     """Mean per-token log-lik of the agent turns of ``items`` = [(task, context, turns)] under the
     teacher with their contexts minus without."""
-    from .warmstart import mean_agent_logprob  # heavy (transformers): imported when a run measures
+    from .evaluate import mean_agent_logprob  # heavy (transformers): imported when a run measures
 
     run, model = teacher.run, teacher.model
     was_training = model.training

@@ -12,7 +12,8 @@ import torch
 
 from tasks.base import Task, TaskDomain
 
-from .rollout import Rollout, SamplingConfig, run_episodes
+from .batch import agent_logits, pad_examples
+from .rollout import Rollout, SamplingConfig, run_episodes, trajectory_ids
 from .tokenizer import ChatEncoder
 
 
@@ -85,3 +86,30 @@ def evaluate(
     out = summarize(rollouts)
     out["heldout_episodes"] = len(rollouts)
     return out
+
+
+# --------------------------------------------------------------------------- likelihoods
+def masked_nll(model, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed NLL of the next tokens where ``mask`` [B, T-1] is 1, and the token count.
+
+    Only the masked positions go through the output head (:func:`agent_logits`).
+    """
+    keep = mask.bool()
+    logits = agent_logits(model, ids, attn, mask, grouped=False)  # bit-identical rebuilds of shipped bases
+    nll = torch.nn.functional.cross_entropy(logits, ids[:, 1:][keep], reduction="sum")
+    return nll, keep.sum()
+
+
+@torch.no_grad()
+def mean_agent_logprob(model, encoder, domain, items) -> float:
+    """Mean per-token log-likelihood of the agent turns of ``items`` = [(task, context, turns)]."""
+    model.eval()
+    tot, cnt = 0.0, 0.0
+    for start in range(0, len(items), 32):
+        chunk = [trajectory_ids(encoder, domain, t, c, turns) for t, c, turns in items[start : start + 32]]
+        dev = next(model.parameters()).device
+        ids, attn, mask = pad_examples(chunk, encoder.pad_id)
+        nll, count = masked_nll(model, ids.to(dev), attn.to(dev), mask.to(dev))
+        tot -= float(nll)
+        cnt += float(count)
+    return tot / max(cnt, 1.0)

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import torch
 
 from methods.core.batch import pad_examples
-from methods.core.warmstart import mean_agent_logprob
+from methods.core.evaluate import mean_agent_logprob
 from tasks.base import Turn
 
 from .composer import LatentComposer, action_tail

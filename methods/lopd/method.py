@@ -474,7 +474,7 @@ class LOPD(Method):
         """The teacher's lead over the current student on the expert's actions of ``tasks`` (mean
         per-token log-likelihood, teacher with this step's context minus the student without): a
         frozen teacher that ends behind its student pulls it back.  Draws no random numbers."""
-        from methods.core.warmstart import mean_agent_logprob
+        from methods.core.evaluate import mean_agent_logprob
         from methods.retrieval_rl import render_experience
 
         domain, enc, model = self.run.domain, self.run.encoder, self.run.model

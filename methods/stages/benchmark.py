@@ -18,12 +18,11 @@ from typing import Any
 
 import torch
 
+from methods.core.evaluate import mean_se
+from methods.core.provenance import write_text_atomic
+from methods.core.rollout import Rollout, SamplingConfig, run_episodes
+from methods.core.tokenizer import ChatEncoder
 from tasks.base import TaskDomain
-
-from .evaluate import mean_se
-from .provenance import write_text_atomic
-from .rollout import Rollout, SamplingConfig, run_episodes
-from .tokenizer import ChatEncoder
 
 __all__ = ["benchmark_eval"]
 

@@ -1,6 +1,6 @@
 """The warm start's second stage: reading contexts built from the policy's *own* samples.
 
-Stage 1 (:mod:`methods.core.warmstart`) teaches the context formats on the
+Stage 1 (:mod:`methods.stages.warmstart`) teaches the context formats on the
 expert's traces: SDPO's feedback comes from a corrupted expert call, Skill-SD's
 skill from an expert trace.  The methods then hand their teachers contexts built
 from the *student's* samples, and on tool use those read differently (measured
@@ -38,8 +38,8 @@ from collections.abc import Sequence
 
 import torch
 
-from .contexts import SKILL_MAX_CHARS, rollout_skill, sdpo_reprompt
-from .rollout import SamplingConfig, run_episodes, trajectory_ids
+from methods.core.contexts import SKILL_MAX_CHARS, rollout_skill, sdpo_reprompt
+from methods.core.rollout import SamplingConfig, run_episodes, trajectory_ids
 
 
 def onpolicy_examples(domain, encoder, rollouts: Sequence, group: int, expert: dict, rng: random.Random) -> list:

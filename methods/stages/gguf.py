@@ -80,7 +80,7 @@ def convert_gguf(name: str, out: str | Path, gguf_file: str | Path | None = None
     ``save_pretrained`` directory; returns (and writes as ``out/conversion.json``) what was done."""
     import time
 
-    from methods.core.shipped import sha256_file
+    from .shipped import sha256_file
 
     t0 = time.perf_counter()
     path = Path(gguf_file) if gguf_file is not None else gguf_path(name)

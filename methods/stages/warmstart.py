@@ -30,7 +30,7 @@ from scratch has neither, so each (domain, seed) gets one cached warm start:
    privileged-context teacher can use its context;
 5. optionally (``onpolicy_steps`` > 0) a second stage on contexts built from
    the policy's own samples, as SDPO and Skill-SD build them
-   (:mod:`methods.core.warmstart_onpolicy`).  It is its own job, run on stage 1's
+   (:mod:`methods.stages.warmstart_onpolicy`).  It is its own job, run on stage 1's
    saved output (``methods.cli warmstart-stage2``; the ``warmstart`` rule after
    ``warmstart_stage1``), so that changing it never rebuilds stage 1;
 6. score the result on the held-out split (Table 1's "Vanilla") and measure
@@ -53,15 +53,14 @@ from collections.abc import Sequence
 
 import torch
 
+from methods.core.batch import pad_examples
+from methods.core.contexts import SKILL_MAX_CHARS, feedback_context, skill_summary
+from methods.core.evaluate import evaluate, masked_nll, mean_agent_logprob
+from methods.core.policy import build_policy, count_parameters
+from methods.core.rollout import trajectory_ids
+from methods.core.settings import ModelConfig, SamplingConfig, WarmStartConfig
+from methods.core.tokenizer import ChatEncoder, train_tokenizer
 from tasks.base import Episode, Task, TaskDomain, format_trace
-
-from .batch import agent_logits, pad_examples
-from .contexts import SKILL_MAX_CHARS, feedback_context, skill_summary
-from .evaluate import evaluate
-from .policy import build_policy, count_parameters
-from .rollout import trajectory_ids
-from .settings import ModelConfig, SamplingConfig, WarmStartConfig
-from .tokenizer import ChatEncoder, train_tokenizer
 
 
 def expert_episodes(domain: TaskDomain, tasks: Sequence[Task]) -> list[Episode]:
@@ -268,17 +267,6 @@ def copy_examples(encoder, corpus: Sequence[str], n: int, rng: random.Random) ->
     return out
 
 
-def masked_nll(model, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed NLL of the next tokens where ``mask`` [B, T-1] is 1, and the token count.
-
-    Only the masked positions go through the output head (:func:`agent_logits`).
-    """
-    keep = mask.bool()
-    logits = agent_logits(model, ids, attn, mask, grouped=False)  # bit-identical rebuilds of shipped bases
-    nll = torch.nn.functional.cross_entropy(logits, ids[:, 1:][keep], reduction="sum")
-    return nll, keep.sum()
-
-
 def batch_stream(examples, batch_size: int, seed: int, bucket: bool = True, pool_batches: int = 16):
     """Endless batches over shuffled epochs of ``examples``.
 
@@ -337,21 +325,6 @@ def sft(model, examples, pad_id: int, cfg: WarmStartConfig, seed: int, log_every
                 flush=True,
             )
     return losses
-
-
-@torch.no_grad()
-def mean_agent_logprob(model, encoder, domain, items) -> float:
-    """Mean per-token log-likelihood of the agent turns of ``items`` = [(task, context, turns)]."""
-    model.eval()
-    tot, cnt = 0.0, 0.0
-    for start in range(0, len(items), 32):
-        chunk = [trajectory_ids(encoder, domain, t, c, turns) for t, c, turns in items[start : start + 32]]
-        dev = next(model.parameters()).device
-        ids, attn, mask = pad_examples(chunk, encoder.pad_id)
-        nll, count = masked_nll(model, ids.to(dev), attn.to(dev), mask.to(dev))
-        tot -= float(nll)
-        cnt += float(count)
-    return tot / max(cnt, 1.0)
 
 
 def context_likelihood_check(model, encoder, domain, n: int, seed: int, pool: int = 2000) -> dict[str, float]:
@@ -454,7 +427,7 @@ def warm_start(
     """Stage 1 (items 1-4): returns (model, tokenizer, report dict); ``sampling``: the
     evaluation's; the model is built on the CPU (its initial weights do not depend on the
     device) and trained on ``device``.  The ``onpolicy_*`` fields are stage 2's
-    (:func:`methods.core.warmstart_onpolicy.continue_warm_start`), run on this stage's output."""
+    (:func:`methods.stages.warmstart_onpolicy.continue_warm_start`), run on this stage's output."""
     t0 = time.perf_counter()
     rng = random.Random(f"warmstart/{seed}")
     n_seen = int(round(cfg.n_demos * cfg.seen_group_share))

@@ -94,8 +94,8 @@ def cmd_coldstart(args) -> None:
 
 def _run_context(job: dict, args, cls, train_cfg, domain):
     """The run a training job starts: the base policy on its device, the ledger, the held-out
-    benchmark, and what the method declares it reads (the seeded bank, its cold start) or may reuse
-    (stored evaluations of the base policy on this job's held-out tasks)."""
+    benchmark, the seeded bank where the method reads one, and the stored evaluations of the base
+    policy on this job's held-out tasks that the run may reuse (its cold start: :func:`cmd_train`)."""
     from methods.core.ledger import Ledger
     from methods.core.loop import RunContext
     from methods.core.policy import load_policy
